@@ -1,0 +1,265 @@
+"""Round numpy arrays to any FormatSpec, exactly, with a choice of rounding mode and overflow policy.
+
+The engine works on the input's own float type (float16 and bfloat16 are widened to float32
+first, exactly; float64 stays float64), so a float64 input is rounded once, straight to the
+target, where ml_dtypes goes through float32 and rounds twice (68.00000357 becomes 72 in
+float8_e4m3fn here, 64 there).
+
+How: for each x the unbiased exponent e comes from ``frexp``; the spacing of the target at x
+is ``ulp = 2**(max(e, min_exponent) - mantissa_bits)`` (the max() is the subnormal range);
+``x / ulp`` is exact (a power-of-two scaling) and is rounded to an integer by the chosen
+mode; multiplying back by ``ulp`` is exact again.  That gives the rounding on a grid with
+unbounded exponent; ``apply_range`` then handles values beyond ``max``, NaN, and the quirks
+of formats without -0, without zero, or without sign.
+
+Special values, by format kind:
+- overflow policy ``ieee``: a finite value that rounds past ``max`` becomes inf where the
+  format has inf, else NaN (what ml_dtypes and eager torch FP8 casts do).  Directed modes
+  follow IEEE 754: toward zero never overflows to inf, ``up`` only for positive values,
+  ``down`` only for negative ones.
+- overflow policy ``saturate``: clip to +-max (torchao's ``to_fp8_saturated``); inf inputs
+  become +-max too.
+- formats with neither inf nor NaN (FP6, FP4) always saturate: there is nothing else to be.
+- NaN input stays NaN.  In a format without a NaN code (FP6, FP4) the value returned is
+  still NaN, to flag that the format cannot hold it (ml_dtypes silently stores a zero there;
+  ``encode`` gives that code too, as the only one the hardware could write).
+- unsigned formats (E8M0): negative inputs are NaN; formats without zero (E8M0): 0 is NaN
+  and positive values below the smallest become the smallest (as ml_dtypes).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+
+from .errors import UsageError
+from .formats import FormatSpec, Specials
+
+
+class RoundingMode(str, Enum):
+    """How a value between two neighbours of the format is resolved."""
+
+    NEAREST_EVEN = "nearest-even"
+    NEAREST_AWAY = "nearest-away"
+    TOWARD_ZERO = "toward-zero"
+    UP = "up"
+    DOWN = "down"
+    STOCHASTIC = "stochastic"
+
+
+class OverflowPolicy(str, Enum):
+    """What a value beyond the format's max becomes."""
+
+    IEEE = "ieee"
+    SATURATE = "saturate"
+
+
+def working_array(x) -> np.ndarray:
+    """Return ``x`` as float32 or float64, widening narrower floats exactly.
+
+    float64 stays float64 and float32 stays float32; float16, bfloat16 and the FP8/6/4
+    types of ml_dtypes become float32; integers become float64.
+    """
+    x = np.asarray(x)
+    if x.dtype == np.float64 or x.dtype == np.float32:
+        return x
+    if x.dtype.kind in "iub":
+        return x.astype(np.float64)
+    if x.dtype.kind == "f" or x.dtype.kind == "V" or _is_ml_float(x.dtype):
+        return x.astype(np.float32)
+    raise UsageError(f"cannot round an array of dtype {x.dtype}")
+
+
+def _is_ml_float(dtype) -> bool:
+    import ml_dtypes
+
+    try:
+        ml_dtypes.finfo(dtype)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
+                    rng: np.random.Generator | None = None) -> np.ndarray:
+    """Round ``x`` (float32/float64) onto the format's grid, ignoring the top of its range.
+
+    The result may exceed ``spec.max``; ``apply_range`` deals with that.  Exact: every
+    step but the rounding itself is a power-of-two scaling.
+    """
+    m = spec.mantissa_bits
+    _, exponent = np.frexp(x)  # |x| in [2**(exponent-1), 2**exponent)
+    exponent -= 1 + m
+    np.maximum(exponent, spec.min_exponent - m, out=exponent)  # ulp exponent
+    y = np.ldexp(x, -exponent)  # exact: |y| < 2**(m+1)
+    if rounding is RoundingMode.NEAREST_EVEN:
+        np.rint(y, out=y)
+    elif rounding is RoundingMode.TOWARD_ZERO:
+        np.trunc(y, out=y)
+    elif rounding is RoundingMode.UP:
+        np.ceil(y, out=y)
+    elif rounding is RoundingMode.DOWN:
+        np.floor(y, out=y)
+    elif rounding is RoundingMode.NEAREST_AWAY:
+        t = np.trunc(y)
+        half_or_more = np.abs(y - t) >= 0.5
+        y = t + np.copysign(half_or_more, y).astype(y.dtype)
+    elif rounding is RoundingMode.STOCHASTIC:
+        if rng is None:
+            raise UsageError("stochastic rounding needs a seeded generator")
+        floor = np.floor(y)
+        frac = y - floor  # exact
+        y = floor + (rng.random(y.shape) < frac).astype(y.dtype)
+    else:  # pragma: no cover - enum is closed
+        raise UsageError(f"unknown rounding mode {rounding!r}")
+    return np.ldexp(y, exponent)
+
+
+def _overflow_value(spec: FormatSpec, rounding: RoundingMode, negative: bool) -> float:
+    """What a finite value rounding past max becomes under the ``ieee`` policy."""
+    if rounding is RoundingMode.TOWARD_ZERO:
+        return spec.max
+    if rounding is RoundingMode.UP and negative:
+        return spec.max
+    if rounding is RoundingMode.DOWN and not negative:
+        return spec.max
+    return np.inf if spec.has_inf else np.nan
+
+
+def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
+                overflow: OverflowPolicy) -> np.ndarray:
+    """Finish a rounding: overflow, inf/NaN inputs, -0, zero and sign rules of the format.
+
+    ``x`` is the input, ``r`` its unbounded rounding (modified in place and returned).
+    """
+    fmax = spec.max
+    saturate = overflow is OverflowPolicy.SATURATE or not (spec.has_inf or spec.has_nan)
+    big = np.abs(r) > fmax  # NaN compares False
+    if big.any():
+        infinite_input = np.isinf(x)
+        if saturate:
+            np.clip(r, -fmax, fmax, out=r)
+        else:
+            positive = big & (r > 0)
+            negative = big & (r < 0)
+            r[positive] = _overflow_value(spec, rounding, negative=False)
+            r[negative] = -_overflow_value(spec, rounding, negative=True)
+            if infinite_input.any():  # inf is exact, not an overflow
+                xi = x[infinite_input]
+                r[infinite_input] = xi if spec.has_inf else np.copysign(np.nan, xi)
+    if spec.specials is Specials.FNUZ:
+        r += 0.0  # -0 becomes +0; no negative zero exists
+    if not spec.signed:
+        r[(x < 0) | np.signbit(r) & (r == 0)] = np.nan
+    if not spec.has_zero:
+        zero = r == 0
+        if zero.any():
+            r[zero & (x != 0)] = spec.smallest_subnormal
+            r[x == 0] = np.nan
+    return r
+
+
+def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = RoundingMode.NEAREST_EVEN,
+                    overflow: OverflowPolicy | str = OverflowPolicy.IEEE,
+                    seed: int | None = None, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Round every element of ``x`` to the nearest value of ``spec`` (by ``rounding``).
+
+    Returns float32 for float32/float16/bfloat16 input and float64 for float64 input; the
+    values are exactly those the format holds (see the module docstring for inf, NaN and
+    formats without them).  Stochastic rounding draws from ``rng`` or a generator seeded
+    with ``seed`` (0 when neither is given), so runs are reproducible.
+    """
+    rounding = RoundingMode(rounding)
+    overflow = OverflowPolicy(overflow)
+    x = working_array(x)
+    if rounding is RoundingMode.STOCHASTIC and rng is None:
+        rng = np.random.default_rng(0 if seed is None else seed)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = round_unbounded(x, spec, rounding, rng)
+        return apply_range(x, r, spec, rounding, overflow)
+
+
+# -- codes ------------------------------------------------------------------------------
+
+def _code_dtype(spec: FormatSpec):
+    for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if spec.bits <= np.dtype(dtype).itemsize * 8:
+            return dtype
+    raise AssertionError("formats have at most 64 bits")
+
+
+def encode(values, spec: FormatSpec) -> np.ndarray:
+    """Bit patterns of values that the format holds exactly (the output of round_to_format).
+
+    Codes are unsigned integers of the smallest width that fits (uint8 for FP8/6/4).  NaN
+    becomes the format's NaN code (sign kept where NaN has one); in formats without NaN it
+    becomes the negative-zero code, as ml_dtypes does.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _encode(np.asarray(values, dtype=np.float64), spec)
+
+
+def _encode(v: np.ndarray, spec: FormatSpec) -> np.ndarray:
+    m, bias = spec.mantissa_bits, spec.bias
+    a = np.abs(v)
+    a = np.where(np.isfinite(a), a, 0.0)
+    _, exponent = np.frexp(a)
+    e = exponent.astype(np.int64) - 1
+    normal = (a >= spec.smallest_normal) | (not spec.subnormals)
+    mant_normal = np.ldexp(a, m - e) - float(1 << m)  # (significand - 1) * 2**m
+    mant_sub = np.ldexp(a, m - spec.min_exponent)  # a / smallest_subnormal
+    exp_field = np.where(normal, e + bias, 0).astype(np.uint64)
+    mant_field = np.where(normal, mant_normal, mant_sub).astype(np.uint64)
+    codes = (exp_field << np.uint64(m)) | mant_field
+    sign = np.signbit(v).astype(np.uint64) << np.uint64(spec.bits - 1) if spec.signed \
+        else np.uint64(0)
+    codes |= sign
+    top = np.uint64((1 << spec.exponent_bits) - 1) << np.uint64(m)
+    if spec.has_inf:
+        codes = np.where(np.isinf(v), top | sign, codes)
+    if spec.specials is Specials.IEEE:
+        nan_code = top | np.uint64(1 << (m - 1) if m > 0 else 0) | sign
+    elif spec.specials is Specials.FN:
+        nan_code = np.uint64((1 << (spec.exponent_bits + m)) - 1) | sign
+    elif spec.specials is Specials.FNUZ:  # the negative-zero code
+        nan_code = np.uint64(1) << np.uint64(spec.bits - 1)
+    else:  # no NaN code: ml_dtypes writes a zero with the NaN's sign bit flipped
+        nan_code = (~np.signbit(v)).astype(np.uint64) << np.uint64(spec.bits - 1)
+    codes = np.where(np.isnan(v), nan_code, codes)
+    return codes.astype(_code_dtype(spec))
+
+
+def decode(codes, spec: FormatSpec) -> np.ndarray:
+    """Values (float64) of bit patterns of the format; the inverse of ``encode``."""
+    c = np.asarray(codes).astype(np.uint64)
+    m, e_bits = spec.mantissa_bits, spec.exponent_bits
+    mant = (c & np.uint64((1 << m) - 1)).astype(np.float64)
+    exp_field = ((c >> np.uint64(m)) & np.uint64((1 << e_bits) - 1)).astype(np.int64)
+    negative = ((c >> np.uint64(spec.bits - 1)) & np.uint64(1)).astype(bool) if spec.signed \
+        else np.zeros(c.shape, bool)
+    if spec.subnormals:
+        sub = exp_field == 0
+        magnitude = np.where(
+            sub,
+            np.ldexp(mant, np.int32(spec.min_exponent - m)),
+            np.ldexp(1.0 + np.ldexp(mant, -m), (exp_field - spec.bias).astype(np.int32)))
+    else:
+        magnitude = np.ldexp(1.0 + np.ldexp(mant, -m), (exp_field - spec.bias).astype(np.int32))
+    v = np.where(negative, -magnitude, magnitude)
+    top = exp_field == (1 << e_bits) - 1
+    if spec.specials is Specials.IEEE:
+        v = np.where(top & (mant == 0), np.where(negative, -np.inf, np.inf), v)
+        v = np.where(top & (mant != 0), np.nan, v)
+    elif spec.specials is Specials.FN:
+        v = np.where(top & (mant == (1 << m) - 1), np.nan, v)
+    elif spec.specials is Specials.FNUZ:
+        v = np.where(negative & (exp_field == 0) & (mant == 0), np.nan, v)
+    return v
+
+
+def all_values(spec: FormatSpec) -> np.ndarray:
+    """Every code point's value in code order (formats of at most 16 bits)."""
+    if spec.bits > 16:
+        raise UsageError(f"{spec.name} has 2**{spec.bits} codes; enumerating needs <= 16 bits")
+    return decode(np.arange(1 << spec.bits, dtype=np.uint64), spec)
