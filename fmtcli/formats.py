@@ -191,6 +191,22 @@ class FormatSpec:
         """The numpy/ml_dtypes dtype with these exact parameters, or None (e.g. tfloat32)."""
         return _ml_dtype_for(self.name)
 
+    def to_dict(self) -> dict:
+        """The spec and every derived figure, under stable snake_case keys."""
+        return {
+            "name": self.name, "aliases": list(self.aliases), "description": self.description,
+            "bits": self.bits, "exponent_bits": self.exponent_bits,
+            "mantissa_bits": self.mantissa_bits, "bias": self.bias, "signed": self.signed,
+            "specials": self.specials.value, "max": self.max, "min": self.min,
+            "smallest_normal": self.smallest_normal,
+            "smallest_subnormal": self.smallest_subnormal, "eps": self.eps,
+            "min_exponent": self.min_exponent, "max_exponent": self.max_exponent,
+            "finite_values": self.finite_values, "decimal_digits": self.decimal_digits,
+            "dynamic_range_binades": self.dynamic_range_binades, "has_inf": self.has_inf,
+            "has_nan": self.has_nan, "has_zero": self.has_zero,
+            "has_negative_zero": self.has_negative_zero,
+        }
+
     def __str__(self) -> str:
         return self.name
 

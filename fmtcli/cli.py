@@ -1,0 +1,167 @@
+"""The ``fmt`` command line: parse options, call the library, print a table or JSON.
+
+Results go to stdout; notes and warnings to stderr.  A library FmtError becomes one line
+``Error: ...`` on stderr with exit code 1 (data) or 2 (usage), never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from . import __version__
+from .errors import FmtError
+from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
+from .jsonsafe import dumps
+from .literals import parse_values
+from .render import render_range, render_underflow
+from .rounding import OverflowPolicy, RoundingMode
+from .underflow import underflow_table
+
+app = typer.Typer(
+    name="fmt",
+    help="Explore the number formats of ML training and inference: FP32, FP16, BF16, FP8 "
+         "(E4M3 fn/fnuz, E5M2), MX FP6/FP4/E8M0 and any custom eXmY.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+RoundingOption = Annotated[RoundingMode, typer.Option(
+    "--rounding", "-r", case_sensitive=False, help="Rounding mode.")]
+OverflowOption = Annotated[OverflowPolicy, typer.Option(
+    "--overflow", case_sensitive=False,
+    help="Beyond max: 'ieee' gives inf (or NaN where the format has no inf), "
+         "'saturate' clips to +-max.")]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of stochastic rounding.")]
+
+
+def stdout_console() -> Console:
+    """Console for results; built per command so tests can pin the width (COLUMNS)."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return Console(width=int(os.environ["COLUMNS"]))
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: don't squeeze tables into 80 columns
+        console = Console(width=160)
+    return console
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def note(message: str) -> None:
+    """One line on stderr, for notes that are not results."""
+    stderr_console().print(f"[dim]Note:[/dim] {message}", markup=True, soft_wrap=True)
+
+
+def handle_errors(command):
+    """Turn FmtError into 'Error: ...' on stderr and its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except FmtError as error:
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(error.exit_code) from None
+
+    return wrapper
+
+
+def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[FormatSpec]:
+    """Specs for the names (each may be a comma list), notes for ambiguous names on stderr."""
+    names = [part.strip() for name in (names or default) for part in name.split(",")
+             if part.strip()]
+    specs = []
+    for name in names:
+        spec, message = resolve_format(name)
+        if message:
+            note(message)
+        specs.append(spec)
+    return specs
+
+
+def emit(result, table) -> None:
+    """Print the result's JSON, or the rich table built from it."""
+    if table is None:
+        typer.echo(dumps(result.to_dict() if hasattr(result, "to_dict") else result))
+    else:
+        stdout_console().print(table)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"fmtcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=version_callback, is_eager=True, help="Show the version.")] = None,
+) -> None:
+    """fmt: what does this value become in each format, and what range does a format cover?"""
+
+
+@app.command("range")
+@handle_errors
+def range_command(
+    formats: Annotated[Optional[list[str]], typer.Argument(
+        help="Formats to show (names, aliases or custom eXmY). "
+             "Default: the article's six.", show_default=False)] = None,
+    all_formats: Annotated[bool, typer.Option("--all", help="Every registered format.")] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Range and precision of formats: max, smallest normal/subnormal, eps, inf/NaN/-0."""
+    if all_formats:
+        specs = list(REGISTRY.values()) + resolve_formats(formats, ())
+    else:
+        specs = resolve_formats(formats, ARTICLE_FORMATS)
+    if json_out:
+        emit([spec.to_dict() for spec in specs], None)
+    else:
+        emit(None, render_range(specs))
+
+
+@app.command("underflow", context_settings={"ignore_unknown_options": True})
+@handle_errors
+def underflow_command(
+    values: Annotated[list[str], typer.Argument(
+        help="Values: 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf, nan, negatives; "
+             "comma lists allowed.", show_default=False)],
+    scale: Annotated[Optional[list[str]], typer.Option(
+        "--scale", "-s", help="Scale (loss scale): x_q = cast(x * scale) / scale. "
+                              "Repeatable or a comma list.")] = None,
+    format_names: Annotated[Optional[list[str]], typer.Option(
+        "--format", "-f", help="Format (repeatable or a comma list). Default: the article's six.")] = None,
+    rounding: RoundingOption = RoundingMode.NEAREST_EVEN,
+    overflow: OverflowOption = OverflowPolicy.IEEE,
+    seed: SeedOption = 0,
+    json_out: JsonOption = False,
+) -> None:
+    """Will a value survive? What each format stores of it, with and without a scale.
+
+    Fates: exact, rounded, subnormal (reduced precision), flushed (to zero), overflow
+    (became inf/NaN), saturated (clipped to max), invalid (no code for it).
+    """
+    for text in values:
+        if text.startswith("--"):
+            raise typer.BadParameter(f"no such option: {text}")
+    parsed = parse_values(values)
+    scales = parse_values(scale or [])
+    specs = resolve_formats(format_names, ARTICLE_FORMATS)
+    result = underflow_table(parsed, specs, scales, rounding, overflow, seed)
+    emit(result, None if json_out else render_underflow(result))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fmt")

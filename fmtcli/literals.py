@@ -1,0 +1,81 @@
+"""Parse numbers typed on the command line exactly into float64.
+
+Accepted: decimal (``1e-8``, ``-0.001``), powers (``2**-24``, ``2^-24``, ``-2**10``),
+products with a power (``3*2^-10``, ``1.5 * 2**7``), hex floats (``0x1p-24``),
+``inf``, ``-inf``, ``nan``.  Decimals and powers are evaluated as exact fractions and
+rounded once to float64 (no detour through float32).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+from .errors import BadValueError
+
+_POWER = re.compile(r"^(?P<base>[0-9.eE+-]+)\s*(?:\*\*|\^)\s*(?P<exp>[+-]?\d+)$")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_HEX = re.compile(r"^[+-]?0[xX][0-9a-fA-F]*\.?[0-9a-fA-F]*(p[+-]?\d+)?$", re.IGNORECASE)
+_SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
+            "-infinity": -math.inf, "nan": math.nan}
+_MAX_EXPONENT = 4096  # beyond this every power is outside float64 anyway
+
+
+def _exact(text: str, whole: str) -> Fraction:
+    """An exact fraction for one factor: a decimal, a hex float, or a power."""
+    text = text.strip()
+    if _NUMBER.match(text):
+        return Fraction(text)
+    if _HEX.match(text):
+        return Fraction(float.fromhex(text))  # a hex float is exact in float64
+    power = _POWER.match(text)
+    if power and _NUMBER.match(power["base"]):
+        exponent = int(power["exp"])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise BadValueError(f"'{whole}' is outside float64's range")
+        base = Fraction(power["base"].lstrip("+"))
+        negative = power["base"].startswith("-")
+        value = abs(base) ** exponent if base != 0 or exponent >= 0 else None
+        if value is None:
+            raise BadValueError(f"'{whole}' divides by zero")
+        return -value if negative else value  # -2**10 means -(2**10), as in Python
+    raise BadValueError(f"cannot read '{whole}' as a number",
+                        "write e.g. 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf or nan")
+
+
+def parse_value(text: str) -> float:
+    """Parse one literal into the float64 nearest its exact value.
+
+    Raises BadValueError for text that is not a number, and for a nonzero value that
+    float64 cannot hold (it would silently become 0 or inf).
+    """
+    cleaned = text.strip().replace("_", "")
+    if cleaned.lower() in _SPECIAL:
+        return _SPECIAL[cleaned.lower()]
+    factors = [f for f in re.split(r"(?<!\*)\*(?!\*)", cleaned)]
+    if not cleaned or any(not f.strip() for f in factors):
+        raise BadValueError(f"cannot read '{text}' as a number",
+                            "write e.g. 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf or nan")
+    exact = Fraction(1)
+    for factor in factors:
+        exact *= _exact(factor, text)
+    try:
+        value = float(exact)  # correctly rounded
+    except OverflowError:
+        value = math.inf
+    if exact != 0 and (value == 0 or math.isinf(value)):
+        raise BadValueError(f"'{text}' is outside float64's range")
+    if exact == 0 and cleaned.startswith("-"):
+        return -0.0
+    return value
+
+
+def parse_values(items: list[str]) -> list[float]:
+    """Parse several literals; each item may itself be a comma-separated list."""
+    values = []
+    for item in items:
+        for part in item.split(","):
+            if part.strip():
+                values.append(parse_value(part))
+    return values

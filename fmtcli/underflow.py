@@ -1,0 +1,121 @@
+"""Will this value survive? Store values in formats, with and without a (loss) scale.
+
+Scale direction, as everywhere in fmtcli: ``x_q = cast(x * scale) / scale``.  The scaled
+value ``x * scale`` is computed in float64 (exact for power-of-two scales, the usual loss
+scales), stored in the format, and divided back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UsageError
+from .fates import FATES, Fate, classify, relative_error
+from .formats import FormatSpec
+from .rounding import OverflowPolicy, RoundingMode, apply_range, round_unbounded
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One value stored in one format."""
+
+    stored: float
+    rel_error: float
+    fate: Fate
+
+
+@dataclass(frozen=True)
+class UnderflowRow:
+    """One (value, format, scale) combination.  ``scale`` is None for the unscaled row."""
+
+    value: float
+    format: str
+    plain: Stored
+    item: int = 0  # position of the value among the inputs (rows are grouped by it)
+    scale: float | None = None
+    scaled: float | None = None
+    scaled_store: Stored | None = None
+    recovered: float | None = None
+    recovered_rel_error: float | None = None
+
+    @property
+    def survives(self) -> bool:
+        """Whether the scaled value comes back nonzero and finite (or zero for a zero)."""
+        fate = (self.scaled_store or self.plain).fate
+        return fate not in (Fate.FLUSHED, Fate.OVERFLOW, Fate.INVALID)
+
+    def to_dict(self) -> dict:
+        out = {"value": self.value, "format": self.format, "scale": self.scale,
+               "stored": self.plain.stored, "rel_error": self.plain.rel_error,
+               "status": self.plain.fate.value}
+        if self.scale is not None:
+            out.update({"scaled": self.scaled, "scaled_stored": self.scaled_store.stored,
+                        "scaled_rel_error": self.scaled_store.rel_error,
+                        "scaled_status": self.scaled_store.fate.value,
+                        "recovered": self.recovered,
+                        "recovered_rel_error": self.recovered_rel_error})
+        out["survives"] = self.survives
+        return out
+
+
+@dataclass(frozen=True)
+class UnderflowResult:
+    rows: tuple[UnderflowRow, ...]
+    rounding: RoundingMode
+    overflow: OverflowPolicy
+
+    @property
+    def scaled(self) -> bool:
+        return any(row.scale is not None for row in self.rows)
+
+    def to_dict(self) -> list[dict]:
+        return [row.to_dict() for row in self.rows]
+
+
+def store(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode, overflow: OverflowPolicy,
+          rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Round float64 ``x`` into ``spec``: (stored values, relative errors, fate indices)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        unbounded = round_unbounded(x, spec, rounding, rng)
+        stored = apply_range(x, unbounded.copy(), spec, rounding, overflow)
+    return stored, relative_error(x, stored), classify(x, unbounded, stored, spec)
+
+
+def underflow_table(values: list[float], formats: list[FormatSpec], scales: list[float] = (),
+                    rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
+                    overflow: OverflowPolicy = OverflowPolicy.IEEE,
+                    seed: int = 0) -> UnderflowResult:
+    """Store each value in each format, unscaled and under each scale.
+
+    Returns one row per (value, format, scale); with no scales, one row per (value, format)
+    with ``scale=None``.
+    """
+    for scale in scales:
+        if not np.isfinite(scale) or scale <= 0:
+            raise UsageError(f"a scale must be a positive finite number, got {scale!r}")
+    rng = np.random.default_rng(seed)
+    x = np.asarray(values, dtype=np.float64)
+    rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
+    for spec in formats:
+        stored, rel, fate = store(x, spec, rounding, overflow, rng)
+        plain = [Stored(float(s), float(r), FATES[f]) for s, r, f in zip(stored, rel, fate)]
+        per_scale: dict[float, tuple] = {}
+        for scale in scales:
+            with np.errstate(over="ignore", invalid="ignore"):
+                scaled = x * scale
+                s_stored, s_rel, s_fate = store(scaled, spec, rounding, overflow, rng)
+                recovered = s_stored / scale
+            per_scale[scale] = (scaled, s_stored, s_rel, s_fate, recovered,
+                                relative_error(x, recovered))
+        for i, value in enumerate(values):
+            rows = rows_by_value[i]
+            if not scales:
+                rows.append(UnderflowRow(float(value), spec.name, plain[i], item=i))
+            for scale, (scaled, s_stored, s_rel, s_fate, recovered, rec_rel) in per_scale.items():
+                rows.append(UnderflowRow(
+                    float(value), spec.name, plain[i], item=i, scale=float(scale), scaled=float(scaled[i]),
+                    scaled_store=Stored(float(s_stored[i]), float(s_rel[i]), FATES[s_fate[i]]),
+                    recovered=float(recovered[i]), recovered_rel_error=float(rec_rel[i])))
+    return UnderflowResult(tuple(row for rows in rows_by_value for row in rows), rounding, overflow)
