@@ -116,6 +116,37 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
     return np.ldexp(y, exponent)
 
 
+def magic_rounding_applies(spec: FormatSpec) -> bool:
+    """Whether ``round_float32_nearest_even`` is exact for this format (see there)."""
+    m = spec.mantissa_bits
+    return (spec.signed and spec.subnormals and m <= 22
+            and spec.min_exponent - m >= -149 and spec.max_exponent <= 103 + m)
+
+
+def round_float32_nearest_even(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
+    """Fast unbounded nearest-even rounding of a float32 array (a few integer/float passes).
+
+    For each x, ``M = copysign(max(2**floor(log2|x|), smallest_normal) * 2**(23 - m), x)``;
+    float32 addition rounds ``x + M`` to a multiple of ``ulp(M) = 2**(e - m)``, the target's
+    spacing at x, with ties to even, and ``(x + M) - M`` is then exact.  The exponent is
+    clamped at 2**(max_exponent + 1), where everything is beyond max anyway.  Valid when
+    ``magic_rounding_applies(spec)``: float16, FP8, FP6, FP4 (not bfloat16/tf32, whose
+    range would overflow M).  Bit-identical to ``round_unbounded`` below max.
+    """
+    m = spec.mantissa_bits
+    bits = x.view(np.uint32)
+    magic = np.bitwise_and(bits, np.uint32(0x7F800000))
+    low = np.float32(spec.smallest_normal).view(np.uint32)
+    high = np.float32(2.0 ** (spec.max_exponent + 1)).view(np.uint32)
+    np.clip(magic, low, high, out=magic)
+    magic += np.uint32((23 - m) << 23)
+    magic |= bits & np.uint32(0x80000000)
+    m_float = magic.view(np.float32)
+    r = x + m_float
+    r -= m_float
+    return np.copysign(r, x, out=r)  # a tiny negative x rounds to -0, not +0
+
+
 def _overflow_value(spec: FormatSpec, rounding: RoundingMode, negative: bool) -> float:
     """What a finite value rounding past max becomes under the ``ieee`` policy."""
     if rounding is RoundingMode.TOWARD_ZERO:
@@ -176,7 +207,11 @@ def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = Rounding
     if rounding is RoundingMode.STOCHASTIC and rng is None:
         rng = np.random.default_rng(0 if seed is None else seed)
     with np.errstate(invalid="ignore", over="ignore"):
-        r = round_unbounded(x, spec, rounding, rng)
+        if (rounding is RoundingMode.NEAREST_EVEN and x.dtype == np.float32
+                and magic_rounding_applies(spec)):
+            r = round_float32_nearest_even(x, spec)
+        else:
+            r = round_unbounded(x, spec, rounding, rng)
         return apply_range(x, r, spec, rounding, overflow)
 
 
