@@ -13,9 +13,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from . import __version__
-from .errors import FmtError
+from .errors import FmtError, UsageError
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_values
@@ -23,7 +24,27 @@ from .render import render_range, render_underflow
 from .rounding import OverflowPolicy, RoundingMode
 from .underflow import underflow_table
 
+class OneLineErrors(TyperGroup):
+    """Usage errors of the parser as one line ``Error: ...`` on stderr (exit 2), like ours."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Abort:
+            typer.echo("Aborted.", err=True)
+            sys.exit(1)
+        except typer.TyperException as error:  # the parser's usage errors
+            command = error.ctx.command_path if getattr(error, "ctx", None) else "fmt"
+            typer.echo(f"Error: {error.format_message()} (see '{command} --help')", err=True)
+            sys.exit(getattr(error, "exit_code", 2))
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
+    rich_markup_mode=None,
     name="fmt",
     help="Explore the number formats of ML training and inference: FP32, FP16, BF16, FP8 "
          "(E4M3 fn/fnuz, E5M2), MX FP6/FP4/E8M0 and any custom eXmY.",
@@ -40,7 +61,7 @@ OverflowOption = Annotated[OverflowPolicy, typer.Option(
     "--overflow", case_sensitive=False,
     help="Beyond max: 'ieee' gives inf (or NaN where the format has no inf), "
          "'saturate' clips to +-max.")]
-SeedOption = Annotated[int, typer.Option("--seed", help="Seed of stochastic rounding.")]
+SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of stochastic rounding.")]
 
 
 def stdout_console() -> Console:
@@ -77,15 +98,19 @@ def handle_errors(command):
 
 
 def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[FormatSpec]:
-    """Specs for the names (each may be a comma list), notes for ambiguous names on stderr."""
+    """Specs for the names (each may be a comma list; duplicates dropped, order kept), notes
+    for ambiguous names on stderr."""
     names = [part.strip() for name in (names or default) for part in name.split(",")
              if part.strip()]
+    if not names:
+        raise UsageError("no formats given", "e.g. --format fp16,bf16,e4m3fn")
     specs = []
     for name in names:
         spec, message = resolve_format(name)
         if message:
             note(message)
-        specs.append(spec)
+        if spec not in specs:
+            specs.append(spec)
     return specs
 
 
@@ -115,14 +140,15 @@ def main_options(
 @handle_errors
 def range_command(
     formats: Annotated[Optional[list[str]], typer.Argument(
-        help="Formats to show (names, aliases or custom eXmY). "
+        metavar="FORMAT", help="Formats to show (names, aliases or custom eXmY). "
              "Default: the article's six.", show_default=False)] = None,
     all_formats: Annotated[bool, typer.Option("--all", help="Every registered format.")] = False,
     json_out: JsonOption = False,
 ) -> None:
     """Range and precision of formats: max, smallest normal/subnormal, eps, inf/NaN/-0."""
     if all_formats:
-        specs = list(REGISTRY.values()) + resolve_formats(formats, ())
+        specs = list(REGISTRY.values())
+        specs += [s for s in resolve_formats(formats, ()) if s not in specs] if formats else []
     else:
         specs = resolve_formats(formats, ARTICLE_FORMATS)
     if json_out:
@@ -135,13 +161,15 @@ def range_command(
 @handle_errors
 def underflow_command(
     values: Annotated[list[str], typer.Argument(
+        metavar="VALUE",
         help="Values: 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf, nan, negatives; "
              "comma lists allowed.", show_default=False)],
     scale: Annotated[Optional[list[str]], typer.Option(
-        "--scale", "-s", help="Scale (loss scale): x_q = cast(x * scale) / scale. "
+        "--scale", "-s", metavar="S", help="Scale (loss scale): x_q = cast(x * scale) / scale. "
                               "Repeatable or a comma list.")] = None,
     format_names: Annotated[Optional[list[str]], typer.Option(
-        "--format", "-f", help="Format (repeatable or a comma list). Default: the article's six.")] = None,
+        "--format", metavar="F",
+        help="Format (repeatable or a comma list). Default: the article's six.")] = None,
     rounding: RoundingOption = RoundingMode.NEAREST_EVEN,
     overflow: OverflowOption = OverflowPolicy.IEEE,
     seed: SeedOption = 0,

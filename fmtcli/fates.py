@@ -7,10 +7,12 @@ The fixed set of words, checked in this order (the first that applies wins):
 - ``overflow``  a finite input became inf or NaN, or an infinite input became NaN.
 - ``saturated`` the input lies beyond the format's range and was clipped to +-max
                 (overflow policy ``saturate``, a format without inf/NaN, or a directed
-                rounding mode that stops at max).
+                rounding mode that stops at max); in a format without zero (E8M0), a
+                positive input too small to round to its smallest value, raised to it.
 - ``flushed``   a nonzero input became zero.
+- ``subnormal`` stored below the smallest normal value, with reduced precision (even when
+                the value happens to be held exactly).
 - ``exact``     the format holds the input exactly (NaN stays NaN, inf stays inf).
-- ``subnormal`` stored below the smallest normal value, with reduced precision.
 - ``rounded``   stored as a nearby normal value.
 """
 
@@ -24,6 +26,8 @@ from .formats import FormatSpec
 
 
 class Fate(str, Enum):
+    """What became of a value stored in a format (see the module docstring)."""
+
     INVALID = "invalid"
     OVERFLOW = "overflow"
     SATURATED = "saturated"
@@ -49,10 +53,13 @@ def classify(x: np.ndarray, unbounded: np.ndarray, stored: np.ndarray,
     code = np.full(x.shape, FATES.index(Fate.ROUNDED), dtype=np.int8)
     a = np.abs(stored)
     # Assigned from the lowest priority up, so that higher ones overwrite.
-    code[(a < spec.smallest_normal) & (a > 0)] = FATES.index(Fate.SUBNORMAL)
     code[(stored == x) | (np.isnan(stored) & np.isnan(x))] = FATES.index(Fate.EXACT)
+    if spec.subnormals:
+        code[(a < spec.smallest_normal) & (a > 0)] = FATES.index(Fate.SUBNORMAL)
     code[(stored == 0) & (x != 0) & ~np.isnan(x)] = FATES.index(Fate.FLUSHED)
     beyond = (np.abs(unbounded) > spec.max) & np.isfinite(stored)
+    if not spec.has_zero:  # raised to the smallest value: the bottom end of saturation
+        beyond |= (unbounded == 0) & (x > 0)
     code[beyond & (stored != x)] = FATES.index(Fate.SATURATED)
     became_special = ~np.isfinite(stored) & (stored != x) & ~np.isnan(x)
     code[became_special] = FATES.index(Fate.OVERFLOW)
@@ -65,6 +72,17 @@ def classify(x: np.ndarray, unbounded: np.ndarray, stored: np.ndarray,
         cannot_hold |= x == 0
     code[cannot_hold] = FATES.index(Fate.INVALID)
     return code
+
+
+def classify_scaled(x: np.ndarray, scaled: np.ndarray, fates: np.ndarray) -> np.ndarray:
+    """Fates of ``x * scale`` corrected for float64 itself: a product that overflowed
+    float64 is an overflow, one that underflowed to 0 a flush, whatever the format did."""
+    x = np.asarray(x, dtype=np.float64)
+    fates = fates.copy()
+    finite_x = np.isfinite(x)
+    fates[finite_x & np.isinf(scaled)] = FATES.index(Fate.OVERFLOW)
+    fates[finite_x & (x != 0) & (scaled == 0)] = FATES.index(Fate.FLUSHED)
+    return fates
 
 
 def relative_error(x: np.ndarray, stored: np.ndarray) -> np.ndarray:

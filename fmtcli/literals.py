@@ -15,33 +15,57 @@ from fractions import Fraction
 from .errors import BadValueError
 
 _POWER = re.compile(r"^(?P<base>[0-9.eE+-]+)\s*(?:\*\*|\^)\s*(?P<exp>[+-]?\d+)$")
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-_HEX = re.compile(r"^[+-]?0[xX][0-9a-fA-F]*\.?[0-9a-fA-F]*(p[+-]?\d+)?$", re.IGNORECASE)
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE](?P<exp>[+-]?\d+))?$")
+_HEX = re.compile(r"^(?P<sign>[+-]?)0x(?P<int>[0-9a-f]*)(?:\.(?P<frac>[0-9a-f]*))?"
+                  r"(?:p(?P<exp>[+-]?\d+))?$", re.IGNORECASE)
 _SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
-            "-infinity": -math.inf, "nan": math.nan}
+            "+infinity": math.inf, "-infinity": -math.inf, "nan": math.nan, "+nan": math.nan,
+            "-nan": -math.nan}
 _MAX_EXPONENT = 4096  # beyond this every power is outside float64 anyway
+_HINT = "write e.g. 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf or nan"
+
+
+def _bounded_exponent(exponent: int, whole: str) -> int:
+    if abs(exponent) > _MAX_EXPONENT:
+        raise BadValueError(f"'{whole}' is outside float64's range")
+    return exponent
+
+
+def _decimal(text: str, whole: str) -> Fraction:
+    match = _NUMBER.match(text)
+    if match["exp"] is not None:
+        _bounded_exponent(int(match["exp"]), whole)
+    return Fraction(text)
+
+
+def _hex(match: re.Match, whole: str) -> Fraction:
+    """A hex float, exactly: hex digits times a power of two (no float detour)."""
+    digits, frac = match["int"] or "", match["frac"] or ""
+    if not digits and not frac:
+        raise BadValueError(f"cannot read '{whole}' as a number", _HINT)
+    exponent = _bounded_exponent(int(match["exp"] or 0), whole) - 4 * len(frac)
+    value = Fraction(int(digits + frac, 16)) * Fraction(2) ** exponent
+    return -value if match["sign"] == "-" else value
 
 
 def _exact(text: str, whole: str) -> Fraction:
     """An exact fraction for one factor: a decimal, a hex float, or a power."""
     text = text.strip()
     if _NUMBER.match(text):
-        return Fraction(text)
-    if _HEX.match(text):
-        return Fraction(float.fromhex(text))  # a hex float is exact in float64
+        return _decimal(text, whole)
+    hex_match = _HEX.match(text)
+    if hex_match:
+        return _hex(hex_match, whole)
     power = _POWER.match(text)
     if power and _NUMBER.match(power["base"]):
-        exponent = int(power["exp"])
-        if abs(exponent) > _MAX_EXPONENT:
-            raise BadValueError(f"'{whole}' is outside float64's range")
-        base = Fraction(power["base"].lstrip("+"))
+        exponent = _bounded_exponent(int(power["exp"]), whole)
+        base = _decimal(power["base"].lstrip("+"), whole)
         negative = power["base"].startswith("-")
         value = abs(base) ** exponent if base != 0 or exponent >= 0 else None
         if value is None:
             raise BadValueError(f"'{whole}' divides by zero")
         return -value if negative else value  # -2**10 means -(2**10), as in Python
-    raise BadValueError(f"cannot read '{whole}' as a number",
-                        "write e.g. 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf or nan")
+    raise BadValueError(f"cannot read '{whole}' as a number", _HINT)
 
 
 def parse_value(text: str) -> float:
@@ -50,24 +74,26 @@ def parse_value(text: str) -> float:
     Raises BadValueError for text that is not a number, and for a nonzero value that
     float64 cannot hold (it would silently become 0 or inf).
     """
-    cleaned = text.strip().replace("_", "")
+    cleaned = re.sub(r"(?<=[0-9a-fA-F])_(?=[0-9a-fA-F])", "", text.strip())
     if cleaned.lower() in _SPECIAL:
         return _SPECIAL[cleaned.lower()]
-    factors = [f for f in re.split(r"(?<!\*)\*(?!\*)", cleaned)]
+    factors = re.split(r"(?<!\*)\*(?!\*)", cleaned)
     if not cleaned or any(not f.strip() for f in factors):
-        raise BadValueError(f"cannot read '{text}' as a number",
-                            "write e.g. 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf or nan")
+        raise BadValueError(f"cannot read '{text}' as a number", _HINT)
     exact = Fraction(1)
+    negative = False
     for factor in factors:
-        exact *= _exact(factor, text)
+        value = _exact(factor, text)
+        negative ^= value < 0 or (value == 0 and factor.strip().startswith("-"))
+        exact *= value
     try:
         value = float(exact)  # correctly rounded
     except OverflowError:
         value = math.inf
     if exact != 0 and (value == 0 or math.isinf(value)):
         raise BadValueError(f"'{text}' is outside float64's range")
-    if exact == 0 and cleaned.startswith("-"):
-        return -0.0
+    if exact == 0:
+        return -0.0 if negative else 0.0
     return value
 
 

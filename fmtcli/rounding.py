@@ -110,7 +110,7 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
             raise UsageError("stochastic rounding needs a seeded generator")
         floor = np.floor(y)
         frac = y - floor  # exact
-        y = floor + (rng.random(y.shape) < frac).astype(y.dtype)
+        y = np.copysign(floor + (rng.random(y.shape) < frac).astype(y.dtype), y)  # keeps -0
     else:  # pragma: no cover - enum is closed
         raise UsageError(f"unknown rounding mode {rounding!r}")
     return np.ldexp(y, exponent)
@@ -159,15 +159,19 @@ def _overflow_value(spec: FormatSpec, rounding: RoundingMode, negative: bool) ->
 
 
 def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
-                overflow: OverflowPolicy) -> np.ndarray:
+                overflow: OverflowPolicy, counts: dict | None = None) -> np.ndarray:
     """Finish a rounding: overflow, inf/NaN inputs, -0, zero and sign rules of the format.
 
-    ``x`` is the input, ``r`` its unbounded rounding (modified in place and returned).
+    ``x`` is the input, ``r`` its unbounded rounding (modified in place and returned).  When
+    ``counts`` is a dict, ``counts["beyond"]`` receives how many values lay beyond max.
     """
     fmax = spec.max
     saturate = overflow is OverflowPolicy.SATURATE or not (spec.has_inf or spec.has_nan)
     big = np.abs(r) > fmax  # NaN compares False
-    if big.any():
+    beyond = int(np.count_nonzero(big))
+    if counts is not None:
+        counts["beyond"] = beyond
+    if beyond:
         infinite_input = np.isinf(x)
         if saturate:
             np.clip(r, -fmax, fmax, out=r)
@@ -204,6 +208,8 @@ def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = Rounding
     rounding = RoundingMode(rounding)
     overflow = OverflowPolicy(overflow)
     x = working_array(x)
+    shape = x.shape
+    x = x.reshape(-1)
     if rounding is RoundingMode.STOCHASTIC and rng is None:
         rng = np.random.default_rng(0 if seed is None else seed)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -212,7 +218,7 @@ def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = Rounding
             r = round_float32_nearest_even(x, spec)
         else:
             r = round_unbounded(x, spec, rounding, rng)
-        return apply_range(x, r, spec, rounding, overflow)
+        return apply_range(x, r, spec, rounding, overflow).reshape(shape)
 
 
 # -- codes ------------------------------------------------------------------------------

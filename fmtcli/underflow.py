@@ -7,12 +7,14 @@ scales), stored in the format, and divided back.
 
 from __future__ import annotations
 
+import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import UsageError
-from .fates import FATES, Fate, classify, relative_error
+from .fates import FATES, Fate, classify, classify_scaled, relative_error
 from .formats import FormatSpec
 from .rounding import OverflowPolicy, RoundingMode, apply_range, round_unbounded
 
@@ -42,9 +44,15 @@ class UnderflowRow:
 
     @property
     def survives(self) -> bool:
-        """Whether the scaled value comes back nonzero and finite (or zero for a zero)."""
-        fate = (self.scaled_store or self.plain).fate
-        return fate not in (Fate.FLUSHED, Fate.OVERFLOW, Fate.INVALID)
+        """Whether the value comes back: its (scaled) fate is not flushed, overflow or
+        invalid, and the recovered value is finite and nonzero (zero for a zero input)."""
+        store = self.scaled_store or self.plain
+        if store.fate in (Fate.FLUSHED, Fate.OVERFLOW, Fate.INVALID):
+            return False
+        back = self.recovered if self.scale is not None else store.stored
+        if math.isnan(self.value) or math.isinf(self.value):
+            return True
+        return math.isfinite(back) and (back != 0) == (self.value != 0)
 
     def to_dict(self) -> dict:
         out = {"value": self.value, "format": self.format, "scale": self.scale,
@@ -90,30 +98,37 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
     """Store each value in each format, unscaled and under each scale.
 
     Returns one row per (value, format, scale); with no scales, one row per (value, format)
-    with ``scale=None``.
+    with ``scale=None``.  Stochastic rounding draws from a generator seeded by ``seed`` and
+    the format's name, so a format's draws do not depend on which others are listed.
     """
+    if not values:
+        raise UsageError("no values given", "e.g. fmt underflow 1e-8 --scale 4096")
+    if not formats:
+        raise UsageError("no formats given")
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
     for scale in scales:
         if not np.isfinite(scale) or scale <= 0:
             raise UsageError(f"a scale must be a positive finite number, got {scale!r}")
-    rng = np.random.default_rng(seed)
     x = np.asarray(values, dtype=np.float64)
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:
+        rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
         stored, rel, fate = store(x, spec, rounding, overflow, rng)
         plain = [Stored(float(s), float(r), FATES[f]) for s, r, f in zip(stored, rel, fate)]
-        per_scale: dict[float, tuple] = {}
+        per_scale = []
         for scale in scales:
-            with np.errstate(over="ignore", invalid="ignore"):
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 scaled = x * scale
                 s_stored, s_rel, s_fate = store(scaled, spec, rounding, overflow, rng)
                 recovered = s_stored / scale
-            per_scale[scale] = (scaled, s_stored, s_rel, s_fate, recovered,
-                                relative_error(x, recovered))
+            per_scale.append((scale, scaled, s_stored, s_rel, classify_scaled(x, scaled, s_fate),
+                              recovered, relative_error(x, recovered)))
         for i, value in enumerate(values):
             rows = rows_by_value[i]
             if not scales:
                 rows.append(UnderflowRow(float(value), spec.name, plain[i], item=i))
-            for scale, (scaled, s_stored, s_rel, s_fate, recovered, rec_rel) in per_scale.items():
+            for scale, scaled, s_stored, s_rel, s_fate, recovered, rec_rel in per_scale:
                 rows.append(UnderflowRow(
                     float(value), spec.name, plain[i], item=i, scale=float(scale), scaled=float(scaled[i]),
                     scaled_store=Stored(float(s_stored[i]), float(s_rel[i]), FATES[s_fate[i]]),

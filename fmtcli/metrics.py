@@ -1,0 +1,118 @@
+"""Error statistics of a quantization, accumulated chunk by chunk and merged exactly.
+
+Counts and extrema merge exactly; sums are float64 (they can differ in the last bits between
+chunkings).  Median and p99 of the relative error come from a histogram whose bins are the
+top 16 bits of the float32 relative error (sign, exponent and 7 mantissa bits): every bin
+spans a factor of 1 + 2**-7, so a quantile is known to within a relative
+``REL_ERROR_RESOLUTION`` (half a bin), and histograms of chunks add up exactly: quantiles do
+not depend on the chunk size at all.
+
+Populations:
+- ``count`` every element; ``nonzero`` the finite nonzero inputs, over which relative errors,
+  ``flushed`` and the quantiles are taken.  A result that is inf or NaN for such an input
+  counts as an infinite relative error (it ranks last).
+- ``rmse``, ``bias`` (mean signed error x_q - x), ``max_abs_error`` and ``sqnr_db`` cover
+  the elements whose input and result are both finite; ``nan_produced`` and ``overflowed``
+  count the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HIST_SHIFT = 16
+HIST_BINS = 1 << (32 - HIST_SHIFT)
+FINITE_BINS = 0x7F800000 >> HIST_SHIFT  # bins at and above this index hold inf and NaN
+REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT + 1)  # half a bin, relative
+
+
+@dataclass
+class ErrorAccumulator:
+    """Mergeable running statistics; ``add_chunk`` for data, ``merge`` for partial results."""
+
+    count: int = 0
+    nonzero: int = 0
+    zeros: int = 0
+    nonfinite_inputs: int = 0
+    flushed: int = 0
+    saturated: int = 0
+    overflowed: int = 0
+    nan_produced: int = 0
+    finite_pairs: int = 0
+    sum_err: float = 0.0
+    sum_err2: float = 0.0
+    sum_x2: float = 0.0
+    max_abs_err: float = 0.0
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, dtype=np.int64))
+
+    def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
+                  overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None) -> None:
+        """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result.
+
+        ``padding`` trailing zeros were added to the chunk to fill whole blocks: they are
+        not counted.  ``work`` is an optional float32 scratch array of the same size.
+        """
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work)
+
+    def _add(self, x, x_q, saturated, overflowed, padding, work) -> None:
+        err = np.subtract(x_q, x, out=work.reshape(-1) if work is not None else None)
+        total_err = float(np.sum(err, dtype=np.float64))
+        zeros = x.size - np.count_nonzero(x) - padding
+        nonfinite_in = x.size - int(np.count_nonzero(np.isfinite(x)))
+        self.count += x.size - padding
+        self.zeros += zeros
+        self.nonfinite_inputs += nonfinite_in
+        self.nonzero += x.size - padding - zeros - nonfinite_in
+        self.flushed += int(np.count_nonzero((x_q == 0) & (x != 0) & np.isfinite(x)))
+        self.saturated += saturated
+        self.overflowed += overflowed
+        if math.isfinite(total_err):
+            finite_err, finite_x = err, x
+            self.finite_pairs += x.size - padding
+        else:  # rare: inf/NaN in input or result; restrict the sums to finite pairs
+            keep = np.isfinite(err)
+            self.nan_produced += int(np.count_nonzero(np.isnan(x_q) & ~np.isnan(x)))
+            finite_err, finite_x = err[keep], x[keep]
+            self.finite_pairs += finite_err.size - padding
+            total_err = float(np.sum(finite_err, dtype=np.float64))
+        self.sum_err += total_err
+        abs_err = np.abs(finite_err, out=finite_err)
+        if abs_err.size:
+            self.max_abs_err = max(self.max_abs_err, float(abs_err.max()))
+        self.sum_err2 += float(np.sum(np.square(abs_err), dtype=np.float64))
+        self.sum_x2 += float(np.sum(np.square(finite_x), dtype=np.float64))
+        if finite_err is err:
+            rel = np.divide(abs_err, np.abs(x), out=abs_err)
+        else:
+            rel = np.abs(x_q - x) / np.abs(x)
+        if rel.dtype != np.float32:
+            rel = rel.astype(np.float32)
+        self.hist += np.bincount(rel.view(np.uint32) >> HIST_SHIFT, minlength=HIST_BINS)
+
+    def merge(self, other: "ErrorAccumulator") -> None:
+        for name in ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
+                     "overflowed", "nan_produced", "finite_pairs", "sum_err", "sum_err2",
+                     "sum_x2"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
+        self.hist += other.hist
+
+    def quantile(self, q: float) -> float:
+        """The q-quantile of the relative error over the nonzero finite inputs (bin middle)."""
+        if self.nonzero == 0:
+            return math.nan
+        finite = self.hist[:FINITE_BINS]
+        rank = max(1, math.ceil(q * self.nonzero))  # 1-based rank of the order statistic
+        cumulative = np.cumsum(finite)
+        if rank > cumulative[-1]:
+            return math.inf
+        index = int(np.searchsorted(cumulative, rank))
+        if index == 0:
+            return 0.0
+        low = float(np.uint32(index << HIST_SHIFT).view(np.float32))
+        high = float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
+        return (low + high) / 2

@@ -1,0 +1,353 @@
+"""Scaled quantization of tensors, streamed in chunks: ``x_q = cast(x * scale) / scale``.
+
+A tensor is read as a matrix (see ``schemes``) in chunks of whole rows (or, for a single
+long row, of column ranges aligned to every block size), about ``chunk_elements`` values
+each.  Per chunk and scheme the work is: the amax of every tile, its scale, the scaled cast
+(a few float32 passes; ``rounding.round_float32_nearest_even`` for the usual formats), the
+division back, and every statistic (``metrics.ErrorAccumulator``).  Tiles that span more
+rows than a chunk holds (per-tensor, per-column) get their amax in a first, cheap pass.
+Chunks run on a small thread pool (numpy releases the GIL) and their statistics merge in
+chunk order, so results are deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .metrics import HIST_BINS, ErrorAccumulator
+from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
+from .rounding import (
+    OverflowPolicy, RoundingMode, apply_range, magic_rounding_applies, round_float32_nearest_even,
+    round_unbounded,
+)
+from .scaling import amax_to_scale, scale_to_e4m3
+from .schemes import Scheme, ScaleFormat, for_tensor
+from .tensors import TensorSource
+
+CHUNK_ELEMENTS = 1 << 18
+
+Progress = Callable[[int, int], None]
+
+
+def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, columns) of the matrix view: all leading dimensions by the last one."""
+    if len(shape) == 0:
+        return 1, 1
+    return math.prod(shape[:-1]), shape[-1]
+
+
+@dataclass
+class _Plan:
+    """One scheme applied to one tensor: its tile and, if global, its precomputed scales."""
+
+    scheme: Scheme
+    tile: tuple[int, int]
+    is_global: bool
+    scales: np.ndarray | None = None  # global schemes: (1, n_tile_columns)
+    tensor_scale: float | None = None  # NVFP4's float32 per-tensor scale
+
+
+def _tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
+    """amax of every (tr x tc) tile of a 2-D chunk; ragged edges count as smaller tiles.
+
+    NaN propagates (as torch.amax): a tile holding NaN gets a NaN amax.
+    """
+    rows, cols = x.shape
+    pr, pc = (-rows) % tr, (-cols) % tc
+    a = np.abs(x)
+    if pr or pc:
+        a = np.pad(a, ((0, pr), (0, pc)))
+    if tr == 1:
+        return a.reshape(a.shape[0], -1, tc).max(axis=2)
+    return a.reshape(a.shape[0] // tr, tr, -1, tc).max(axis=(1, 3))
+
+
+def _scales_for(amax: np.ndarray, plan: _Plan) -> np.ndarray:
+    """float32 scales for tile amaxes under the plan's scheme (x_q = cast(x*scale)/scale)."""
+    scheme = plan.scheme
+    if scheme.scale_format is ScaleFormat.E4M3_FP32:
+        # NVFP4: decode scale per block d = e4m3(amax / max_elem * g), g the tensor scale;
+        # the element is cast(x * g / d).  A block whose d underflows to 0 decodes to 0.
+        g = np.float32(plan.tensor_scale)
+        decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = g / decode
+        return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
+    return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin)
+
+
+def _nvfp4_tensor_scale(amax: float, scheme: Scheme) -> float:
+    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448)."""
+    if not (amax > 0) or not math.isfinite(amax):
+        return 1.0
+    return float(np.float32(scheme.format.max * 448.0) / np.float32(amax))
+
+
+class _ChunkKernel:
+    """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
+
+    def __init__(self, plan: _Plan, seed: int) -> None:
+        self.plan = plan
+        self.spec = plan.scheme.format
+        self.seed = seed
+        self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
+                     and magic_rounding_applies(self.spec))
+
+    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: bool):
+        """Quantize one chunk; returns (accumulator, scales of its tiles or None, x_q or None)."""
+        plan, spec, scheme = self.plan, self.spec, self.plan.scheme
+        tr, tc = plan.tile
+        rows, cols = x.shape
+        if plan.is_global:
+            tr = rows  # the chunk is one band of the global tiles
+        pr, pc = (-rows) % tr, (-cols) % tc
+        xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
+        padding = xp.size - x.size
+        local_scales = None
+        if plan.is_global:
+            scale = plan.scales
+        else:
+            scale = _scales_for(_tile_amax(xp, tr, tc), plan)
+            local_scales = scale
+        shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
+        s4 = scale[:, None, :, None]
+        xs = np.multiply(xp.reshape(shape4), s4)
+        flat = xs.reshape(-1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self.fast and flat.dtype == np.float32:
+                r = round_float32_nearest_even(flat, spec)
+            else:
+                rng = np.random.default_rng((self.seed, chunk_index))
+                r = round_unbounded(flat, spec, scheme.rounding, rng)
+            counts: dict = {}
+            r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
+        saturated = overflowed = 0
+        if counts["beyond"]:
+            became = int(np.count_nonzero(~np.isfinite(r))) - int(np.count_nonzero(~np.isfinite(flat)))
+            overflowed = max(became, 0)
+            saturated = counts["beyond"] - overflowed
+        with np.errstate(invalid="ignore", divide="ignore"):
+            x_q = np.divide(r.reshape(shape4), s4, out=xs)
+            dead = np.isinf(scale)
+            if dead.any():  # NVFP4 blocks whose decode scale underflowed decode to 0
+                x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
+        x_q = x_q.reshape(xp.shape)
+        acc = ErrorAccumulator(hist=hist)
+        acc.add_chunk(xp, x_q, saturated, overflowed, padding)
+        out = x_q[:rows, :cols] if keep else None
+        return acc, local_scales, out
+
+
+def _chunks(rows: int, cols: int, plans: list[_Plan], chunk_elements: int):
+    """(row slice, column slice) of every chunk, aligned to the local tiles."""
+    local_tr = [p.tile[0] for p in plans if not p.is_global] or [1]
+    local_tc = [p.tile[1] for p in plans if not p.is_global] or [1]
+    if rows == 1 and cols > chunk_elements:  # one long row: chunk along the columns
+        step = math.lcm(*local_tc)
+        step *= max(1, chunk_elements // step)
+        return [(slice(0, 1), slice(c, min(c + step, cols))) for c in range(0, cols, step)]
+    step = math.lcm(*local_tr)
+    step *= max(1, chunk_elements // max(1, cols * step))
+    return [(slice(r, min(r + step, rows)), slice(0, cols)) for r in range(0, rows, step)]
+
+
+class _Reader:
+    """Reads chunks of a tensor's matrix view as float32 (float64 for float64 data)."""
+
+    def __init__(self, source: TensorSource) -> None:
+        self.array = source.array()
+        rows, cols = matrix_shape(source.shape)
+        self.matrix = self.array.reshape(rows, cols)
+        self.dtype = np.float64 if self.array.dtype == np.float64 else np.float32
+        self.mmap = getattr(self.array, "_mmap", None) if isinstance(self.array, np.memmap) else None
+
+    def read(self, rows: slice, cols: slice) -> np.ndarray:
+        block = self.matrix[rows, cols]
+        out = np.empty(block.shape, dtype=self.dtype)
+        np.copyto(out, block, casting="unsafe")
+        return out
+
+
+def _pool_map(function, items, threads: int):
+    """Map in order with at most 2 * threads items in flight (bounded memory)."""
+    if threads <= 1:
+        for item in items:
+            yield function(item)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def default_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 0,
+                    chunk_elements: int = CHUNK_ELEMENTS, threads: int | None = None,
+                    progress: Progress | None = None, keep: int | None = None):
+    """Quantize one tensor under every scheme.
+
+    Returns (list of (scheme, accumulator, scale summary), kept output or None); ``keep``
+    is the index of the scheme whose dequantized values and scales to keep.
+    """
+    threads = default_threads() if threads is None else threads
+    reader = _Reader(source)
+    rows, cols = matrix_shape(source.shape)
+    ndim = len(source.shape)
+    plans = []
+    for scheme in schemes:
+        scheme = for_tensor(scheme, source.key, ndim)
+        tile = scheme.tile_shape(rows, cols)
+        spans_rows = tile[0] >= rows and rows > 1
+        spans_row = rows == 1 and tile[1] >= cols
+        plans.append(_Plan(scheme, tile, spans_rows or spans_row
+                           or scheme.scale_format is ScaleFormat.E4M3_FP32))
+    chunks = _chunks(rows, cols, plans, chunk_elements)
+    total = rows * cols * (2 if any(p.is_global for p in plans) else 1)
+    done = 0
+    if any(p.is_global for p in plans):
+        done = _global_pass(reader, chunks, plans, threads, progress, total)
+    kernels = [_ChunkKernel(p, seed) for p in plans]
+    hists: dict[int, list[np.ndarray]] = {}
+
+    def work(item):
+        index, (rs, cs) = item
+        x = reader.read(rs, cs)
+        key = __import__("threading").get_ident()
+        local = hists.setdefault(key, [np.zeros(HIST_BINS, np.int64) for _ in plans])
+        return x.size, [k.run(x, index, local[i], keep == i) for i, k in enumerate(kernels)]
+
+    accs = [ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64)) for _ in plans]
+    summaries = [ScaleSummary() for _ in plans]
+    kept = np.empty((rows, cols), dtype=np.float32) if keep is not None else None
+    kept_scales: list[np.ndarray] = []
+    for (size, results), (rs, cs) in zip(_pool_map(work, enumerate(chunks), threads), chunks):
+        for i, (acc, scales, out) in enumerate(results):
+            accs[i].merge(acc, hist=False)
+            if scales is not None:
+                summaries[i].add(scales)
+                if keep == i:
+                    kept_scales.append(scales)
+            if out is not None:
+                kept[rs, cs] = out
+        done += size
+        if progress:
+            progress(done, total)
+    for local in hists.values():
+        for i, hist in enumerate(local):
+            accs[i].hist += hist
+    for i, plan in enumerate(plans):
+        if plan.is_global and plan.scales is not None and not (
+                plan.scheme.scale_format is ScaleFormat.E4M3_FP32):
+            summaries[i].add(plan.scales)
+            if keep == i:
+                kept_scales.append(plan.scales)
+    output = None
+    if keep is not None:
+        output = (kept.reshape(source.shape), kept_scales, plans[keep])
+    return [(p.scheme, a, s) for p, a, s in zip(plans, accs, summaries)], output
+
+
+def _global_pass(reader: _Reader, chunks, plans: list[_Plan], threads: int,
+                 progress: Progress | None, total: int) -> int:
+    """First pass: amax of the tiles that span all rows (or the whole row), and the tensor
+    amax for NVFP4; sets each global plan's scales.  Returns the elements read."""
+    global_plans = [p for p in plans if p.is_global]
+
+    def work(rc):
+        rs, cs = rc
+        x = reader.read(rs, cs)
+        out = []
+        for p in global_plans:
+            if p.scheme.scale_format is ScaleFormat.E4M3_FP32:
+                out.append(np.abs(x).max(keepdims=True).reshape(1, 1))
+            else:
+                out.append(_tile_amax(x, x.shape[0], p.tile[1]))
+        return x.size, cs, out
+
+    amaxes: list[np.ndarray | None] = [None] * len(global_plans)
+    done = 0
+    for size, cs, parts in _pool_map(work, chunks, threads):
+        for i, (p, part) in enumerate(zip(global_plans, parts)):
+            if amaxes[i] is None:
+                n_tiles = 1 if p.scheme.scale_format is ScaleFormat.E4M3_FP32 else \
+                    -(-reader.matrix.shape[1] // p.tile[1])
+                amaxes[i] = np.zeros((1, n_tiles), dtype=np.float32)
+            if p.scheme.scale_format is ScaleFormat.E4M3_FP32 or part.shape[1] == amaxes[i].shape[1]:
+                np.maximum(amaxes[i], part, out=amaxes[i])
+            else:  # a column range of one long row
+                first = cs.start // p.tile[1]
+                target = amaxes[i][:, first:first + part.shape[1]]
+                np.maximum(target, part, out=target)
+        done += size
+        if progress:
+            progress(done, total)
+    for p, amax in zip(global_plans, amaxes):
+        if p.scheme.scale_format is ScaleFormat.E4M3_FP32:
+            p.tensor_scale = _nvfp4_tensor_scale(float(amax.max()), p.scheme)
+            p.is_global = False  # its blocks are local; only the tensor scale was global
+        else:
+            p.scales = _scales_for(amax, p)
+    return done
+
+
+def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 0,
+             chunk_elements: int = CHUNK_ELEMENTS, threads: int | None = None,
+             progress: Progress | None = None, keep: int | None = None,
+             on_output: Callable | None = None) -> QuantizeResult:
+    """Quantize every usable tensor under every scheme; one result with a total per scheme.
+
+    ``progress(done, total)`` counts elements read over all tensors.  With ``keep`` (a
+    scheme index), ``on_output(source, values, scales, plan)`` receives each tensor's
+    dequantized values and scales.
+    """
+    usable = [s for s in sources if s.skipped is None]
+    grand_total = sum(s.size for s in usable)
+    base = 0
+
+    def tensor_progress(done: int, total: int) -> None:
+        if progress:
+            progress(base + done * 0 + min(done, total), grand_total + base * 0)
+
+    tensors = []
+    totals = [ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64)) for _ in schemes]
+    total_scales = [ScaleSummary() for _ in schemes]
+    for source in sources:
+        if source.skipped is not None:
+            tensors.append(TensorResult(source.to_dict(), (), source.skipped))
+            continue
+        per_scheme, output = quantize_tensor(
+            source, schemes, seed=seed, chunk_elements=chunk_elements, threads=threads,
+            progress=(lambda d, t, b=base, n=source.size: progress(b + d * n // t, grand_total))
+            if progress else None, keep=keep)
+        base += source.size
+        stats = []
+        for i, (scheme, acc, summary) in enumerate(per_scheme):
+            stats.append(SchemeStats.from_accumulator(scheme, acc, summary))
+            totals[i].merge(acc)
+            total_scales[i].merge(summary)
+        tensors.append(TensorResult(source.to_dict(), tuple(stats), None))
+        if output is not None and on_output is not None:
+            on_output(source, *output)
+    total = None
+    if sum(1 for t in tensors if t.skipped is None) > 1:
+        total = tuple(SchemeStats.from_accumulator(s, a, summary)
+                      for s, a, summary in zip(schemes, totals, total_scales))
+    return QuantizeResult(tuple(tensors), total, tuple(schemes))
+
+
+__all__ = ["CHUNK_ELEMENTS", "OverflowPolicy", "RoundingMode", "matrix_shape", "quantize",
+           "quantize_tensor"]

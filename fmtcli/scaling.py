@@ -1,0 +1,134 @@
+"""Scale rules: from the largest magnitude of a block (amax) to the block's scale.
+
+Direction, everywhere in fmtcli: ``x_q = cast(x * scale) / scale``.  A scale multiplies the
+data into the element format's range; dividing by it comes back.  (OCP MX and NVFP4 store the
+inverse, the *decode* scale ``X = 1 / scale``; fmtcli reports ``scale`` as defined here.)
+
+Rules (``emax_elem`` = floor(log2(max)) of the element format, ``max`` its largest value):
+
+- ``amax``: ``scale = max / amax`` (times ``2**-margin``), as Transformer Engine and torchao
+  compute FP8 scales; the block's largest value lands on ``max``.
+- ``pow2-floor`` / ``pow2-ceil`` / ``pow2-nearest``: the amax scale rounded to a power of
+  two by floor / ceil / nearest of its log2.  Floor never pushes amax past max; ceil can.
+- ``mx-floor``: the OCP MX v1.0 rule (§6.3), ``X = 2**(floor(log2 amax) - emax_elem)``; it can
+  saturate the block's largest values (amax 500 in E4M3: X = 1, and 500 > 448).
+- ``mx-ceil``: ``X = 2**(ceil(log2 amax) - emax_elem)``.
+- ``mx-even``: amax first rounded to the element's mantissa width (its significand
+  rounded half-up, as torchao's ``EVEN`` mode), then as ``mx-floor``.
+- ``mx-rceil``: ``X = 2**ceil(log2(amax / max))``, NVIDIA's cuBLAS/Transformer Engine rule:
+  never saturates.
+MX exponents are clamped to E8M0's range, 2**-127 .. 2**127.
+
+A block whose amax is 0 gets scale 1 (there is nothing to scale; its values stay 0).  A block
+holding NaN gets a NaN scale and an infinite amax gives scale 0 (``amax``) or NaN (MX), as the
+real recipes do: such a block comes out NaN or zero, and fmtcli counts it.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+import numpy as np
+
+from .errors import UsageError
+from .formats import FormatSpec
+
+
+class ScaleRule(str, Enum):
+    AMAX = "amax"
+    POW2_FLOOR = "pow2-floor"
+    POW2_CEIL = "pow2-ceil"
+    POW2_NEAREST = "pow2-nearest"
+    MX_FLOOR = "mx-floor"
+    MX_CEIL = "mx-ceil"
+    MX_EVEN = "mx-even"
+    MX_RCEIL = "mx-rceil"
+
+
+MX_RULES = (ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL)
+E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT = -127, 127
+
+
+def emax_elem(spec: FormatSpec) -> int:
+    """floor(log2(max)) of the element format: 8 for E4M3 (448), 2 for FP4 (6)."""
+    return math.frexp(spec.max)[1] - 1
+
+
+def _floor_log2(a: np.ndarray) -> np.ndarray:
+    """Exact floor(log2 a) for positive finite float64 a (frexp, no log rounding)."""
+    return np.frexp(a)[1].astype(np.int64) - 1
+
+
+def _ceil_log2(a: np.ndarray) -> np.ndarray:
+    """Exact ceil(log2 a) for positive finite float64 a."""
+    mantissa, exponent = np.frexp(a)
+    return exponent.astype(np.int64) - (mantissa == 0.5)
+
+
+def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX,
+                  margin: int = 0) -> np.ndarray:
+    """Scale (float32, same shape as ``amax``) for blocks of the element format ``spec``.
+
+    ``x_q = cast(x * scale) / scale``.  ``margin`` (>= 0) divides the scale by 2**margin,
+    leaving headroom above the block's amax.
+    """
+    rule = ScaleRule(rule)
+    if margin < 0:
+        raise UsageError(f"the margin must be >= 0, got {margin}")
+    a = np.asarray(amax, dtype=np.float64)
+    fmax = spec.max
+    scale = np.ones(a.shape, dtype=np.float64)
+    positive = (a > 0) & np.isfinite(a)
+    ap = np.where(positive, a, 1.0)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if rule is ScaleRule.AMAX:
+            raw = fmax / ap
+        elif rule in (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST):
+            raw = fmax / ap
+            if rule is ScaleRule.POW2_FLOOR:
+                power = _floor_log2(raw)
+            elif rule is ScaleRule.POW2_CEIL:
+                power = _ceil_log2(raw)
+            else:
+                power = np.rint(np.log2(raw)).astype(np.int64)
+            raw = np.ldexp(1.0, power.astype(np.int32))
+        else:
+            exponent = _mx_exponent(ap, spec, rule)
+            exponent = np.clip(exponent, E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
+            raw = np.ldexp(1.0, (-exponent).astype(np.int32))
+        raw = np.ldexp(raw, -margin)
+        scale = np.where(positive, raw, scale)
+        if rule in MX_RULES:
+            scale = np.where(np.isinf(a), np.nan, scale)
+        else:
+            scale = np.where(np.isinf(a), 0.0, scale)
+        scale = np.where(np.isnan(a), np.nan, scale)
+    return scale.astype(np.float32)
+
+
+def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule) -> np.ndarray:
+    """Unbiased E8M0 exponent X of the decode scale 2**X (before clamping)."""
+    if rule is ScaleRule.MX_FLOOR:
+        return _floor_log2(ap) - emax_elem(spec)
+    if rule is ScaleRule.MX_CEIL:
+        return _ceil_log2(ap) - emax_elem(spec)
+    if rule is ScaleRule.MX_EVEN:
+        # Round amax's float32 significand half-up at the element's mantissa width
+        # (a carry bumps the exponent), then floor as mx-floor.
+        bits = ap.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = bits + (1 << (23 - spec.mantissa_bits - 1))
+        rounded = (bits & 0x7F800000).astype(np.uint32).view(np.float32).astype(np.float64)
+        return _floor_log2(np.maximum(rounded, np.finfo(np.float32).tiny)) - emax_elem(spec)
+    if rule is ScaleRule.MX_RCEIL:
+        return _ceil_log2(ap / spec.max)
+    raise UsageError(f"not an MX rule: {rule.value}")
+
+
+def scale_to_e4m3(scale_decode: np.ndarray) -> np.ndarray:
+    """Round decode scales to float8_e4m3fn (nearest-even, saturating), as NVFP4 stores them."""
+    from .formats import get_format
+    from .rounding import round_to_format
+
+    return round_to_format(np.asarray(scale_decode, dtype=np.float32), get_format("float8_e4m3fn"),
+                           overflow="saturate")

@@ -1,0 +1,185 @@
+"""Quantization schemes: element format + granularity + scale rule, and the named recipes.
+
+Every tensor is seen as a matrix: rows = the product of all dimensions but the last,
+columns = the last dimension (a 1-D tensor is one row).  Each granularity is a *tile* of
+that matrix sharing one scale:
+
+    tensor       all rows x all columns
+    row          1 x all columns            (one scale per row)
+    column       all rows x 1               (one scale per column)
+    block N      1 x N along the last axis, or N x 1 with ``axis=0``
+    tile RxC     R x C  (DeepSeek-V3: 128x128 for weights, 1x128 for activations)
+
+A ragged last block or tile (the size does not divide the dimension) is simply smaller.
+Scale direction: ``x_q = cast(x * scale) / scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from .errors import UsageError
+from .formats import FormatSpec, get_format
+from .rounding import OverflowPolicy, RoundingMode
+from .scaling import MX_RULES, ScaleRule
+
+
+class Granularity(str, Enum):
+    TENSOR = "tensor"
+    ROW = "row"
+    COLUMN = "column"
+    BLOCK = "block"
+    TILE = "tile"
+
+
+class ScaleFormat(str, Enum):
+    """How scales are stored: float32, E8M0 powers of two (MX), or NVFP4's two levels
+    (an E4M3 scale per block times a float32 scale per tensor)."""
+
+    FLOAT32 = "float32"
+    E8M0 = "e8m0"
+    E4M3_FP32 = "e4m3+fp32"
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way to quantize: what format, which elements share a scale, how it is chosen."""
+
+    format: FormatSpec
+    granularity: Granularity = Granularity.BLOCK
+    block: int = 128
+    axis: int = -1
+    tile: tuple[int, int] = (1, 128)
+    weight_tile: tuple[int, int] | None = None  # tile for weight tensors (DeepSeek recipe)
+    scale_rule: ScaleRule = ScaleRule.AMAX
+    margin: int = 0
+    scale_format: ScaleFormat = ScaleFormat.FLOAT32
+    rounding: RoundingMode = RoundingMode.NEAREST_EVEN
+    overflow: OverflowPolicy = OverflowPolicy.SATURATE
+    recipe: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block < 1:
+            raise UsageError(f"--block must be >= 1, got {self.block}")
+        if self.tile[0] < 1 or self.tile[1] < 1:
+            raise UsageError(f"tile sides must be >= 1, got {self.tile[0]}x{self.tile[1]}")
+        if self.axis not in (0, -1):
+            raise UsageError(f"--axis must be -1 (last) or 0 (first), got {self.axis}")
+        if self.scale_rule in MX_RULES and self.scale_format is ScaleFormat.FLOAT32:
+            object.__setattr__(self, "scale_format", ScaleFormat.E8M0)
+        if self.scale_format is ScaleFormat.E8M0 and self.scale_rule not in MX_RULES:
+            raise UsageError(f"E8M0 scales need an mx-* scale rule, not {self.scale_rule.value}")
+        if self.scale_format is ScaleFormat.E4M3_FP32 and self.scale_rule is not ScaleRule.AMAX:
+            raise UsageError("NVFP4 two-level scales use the amax rule")
+
+    def tile_shape(self, rows: int, cols: int) -> tuple[int, int]:
+        """The (rows, columns) of the tile that shares one scale, clipped to the matrix."""
+        g = self.granularity
+        if g is Granularity.TENSOR:
+            shape = (rows, cols)
+        elif g is Granularity.ROW:
+            shape = (1, cols)
+        elif g is Granularity.COLUMN:
+            shape = (rows, 1)
+        elif g is Granularity.BLOCK:
+            shape = (1, self.block) if self.axis == -1 else (self.block, 1)
+        else:
+            shape = self.tile
+        return max(1, min(shape[0], rows)), max(1, min(shape[1], cols))
+
+    @property
+    def label(self) -> str:
+        """Short column header: 'per-tensor', 'block 128', 'tile 128x128', 'mxfp8', ..."""
+        g = self.granularity
+        if g is Granularity.BLOCK:
+            text = f"block {self.block}" + (" (axis 0)" if self.axis == 0 else "")
+        elif g is Granularity.TILE:
+            text = f"tile {self.tile[0]}x{self.tile[1]}"
+            if self.weight_tile:
+                text += f" ({self.weight_tile[0]}x{self.weight_tile[1]} weights)"
+        else:
+            text = f"per-{g.value}"
+        return f"{self.recipe}: {text}" if self.recipe else text
+
+    def to_dict(self) -> dict:
+        g = self.granularity
+        return {
+            "label": self.label, "recipe": self.recipe, "format": self.format.name,
+            "granularity": g.value,
+            "block": self.block if g is Granularity.BLOCK else None,
+            "axis": self.axis if g is Granularity.BLOCK else None,
+            "tile": list(self.tile) if g is Granularity.TILE else None,
+            "weight_tile": list(self.weight_tile) if self.weight_tile else None,
+            "scale_rule": self.scale_rule.value, "margin": self.margin,
+            "scale_format": self.scale_format.value, "rounding": self.rounding.value,
+            "overflow": self.overflow.value,
+        }
+
+
+def parse_tile(text: str) -> tuple[int, int]:
+    """'128x128' -> (128, 128)."""
+    parts = text.lower().replace("*", "x").split("x")
+    try:
+        rows, cols = (int(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"--tile must look like 128x128 or 1x128, got '{text}'") from None
+    if rows < 1 or cols < 1:
+        raise UsageError(f"--tile sides must be >= 1, got '{text}'")
+    return rows, cols
+
+
+# -- recipes -----------------------------------------------------------------------------
+
+#: name -> (description, fields).  Fields left out keep the command's own options.
+RECIPES: dict[str, tuple[str, dict]] = {
+    "tensorwise": ("one amax scale per tensor, E4M3 (torchao/TE tensorwise FP8)",
+                   dict(format="float8_e4m3fn", granularity=Granularity.TENSOR,
+                        scale_rule=ScaleRule.AMAX)),
+    "rowwise": ("one power-of-two scale per row, E4M3 (torchao rowwise FP8)",
+                dict(format="float8_e4m3fn", granularity=Granularity.ROW,
+                     scale_rule=ScaleRule.POW2_FLOOR)),
+    "deepseek": ("E4M3 with float32 amax scales per 128x128 weight tile (tensors with >= 2 "
+                 "dimensions whose key ends in 'weight') or 1x128 activation tile (others) "
+                 "(DeepSeek-V3 §3.3)",
+                 dict(format="float8_e4m3fn", granularity=Granularity.TILE, tile=(1, 128),
+                      weight_tile=(128, 128), scale_rule=ScaleRule.AMAX)),
+    "mxfp8": ("OCP MXFP8: E4M3 elements, blocks of 32, E8M0 scale (floor rule)",
+              dict(format="float8_e4m3fn", granularity=Granularity.BLOCK, block=32,
+                   scale_rule=ScaleRule.MX_FLOOR)),
+    "mxfp6": ("OCP MXFP6: E2M3 elements, blocks of 32, E8M0 scale (floor rule)",
+              dict(format="float6_e2m3fn", granularity=Granularity.BLOCK, block=32,
+                   scale_rule=ScaleRule.MX_FLOOR)),
+    "mxfp4": ("OCP MXFP4: E2M1 elements, blocks of 32, E8M0 scale (floor rule)",
+              dict(format="float4_e2m1fn", granularity=Granularity.BLOCK, block=32,
+                   scale_rule=ScaleRule.MX_FLOOR)),
+    "nvfp4": ("NVIDIA NVFP4: E2M1 elements, blocks of 16, E4M3 block scale times a float32 "
+              "tensor scale",
+              dict(format="float4_e2m1fn", granularity=Granularity.BLOCK, block=16,
+                   scale_rule=ScaleRule.AMAX, scale_format=ScaleFormat.E4M3_FP32)),
+}
+STANDARD_RECIPES = tuple(RECIPES)
+
+
+def recipe_fields(name: str) -> dict:
+    """The fields a recipe sets (format resolved to a spec)."""
+    if name not in RECIPES:
+        import difflib
+
+        close = difflib.get_close_matches(name, RECIPES, n=2)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(RECIPES)}"
+        raise UsageError(f"unknown recipe '{name}'", hint)
+    fields = dict(RECIPES[name][1])
+    fields["format"] = get_format(fields["format"])
+    fields["recipe"] = name
+    return fields
+
+
+def for_tensor(scheme: Scheme, key: str | None, ndim: int) -> Scheme:
+    """Resolve per-tensor choices: a ``weight_tile`` applies to tensors with >= 2 dimensions
+    whose key ends in 'weight' (DeepSeek-V3's 128x128 weight tiles), else ``tile``."""
+    if scheme.weight_tile is None or scheme.granularity is not Granularity.TILE:
+        return scheme
+    is_weight = ndim >= 2 and key is not None and key.endswith("weight")
+    return replace(scheme, tile=scheme.weight_tile if is_weight else scheme.tile,
+                   weight_tile=None)
