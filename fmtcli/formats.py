@@ -127,7 +127,8 @@ class FormatSpec:
 
     @property
     def eps(self) -> float:
-        """Spacing of the values just above 1: 2**-mantissa_bits."""
+        """2**-mantissa_bits: the relative spacing of normal values, which is the spacing
+        just above 1 wherever 1 is a normal value (as ``numpy.finfo.eps``)."""
         return math.ldexp(1.0, -self.mantissa_bits)
 
     @property

@@ -3,9 +3,10 @@
 Counts and extrema merge exactly; sums are float64 (they can differ in the last bits between
 chunkings).  Median and p99 of the relative error come from a histogram whose bins are the
 top 16 bits of the float32 relative error (sign, exponent and 7 mantissa bits): every bin
-spans a factor of 1 + 2**-7, so a quantile is known to within a relative
-``REL_ERROR_RESOLUTION`` (half a bin), and histograms of chunks add up exactly: quantiles do
-not depend on the chunk size at all.
+spans a factor of 1 + 2**-7.  A quantile is reported as the lower edge of its bin, so the
+true value q satisfies ``reported <= q < reported * (1 + REL_ERROR_RESOLUTION)`` (exact 0
+and exact 1 -- a flushed value -- come out exactly).  Histograms of chunks add up exactly:
+quantiles do not depend on the chunk size at all.
 
 Populations:
 - ``count`` every element; ``nonzero`` the finite nonzero inputs, over which relative errors,
@@ -26,7 +27,7 @@ import numpy as np
 HIST_SHIFT = 16
 HIST_BINS = 1 << (32 - HIST_SHIFT)
 FINITE_BINS = 0x7F800000 >> HIST_SHIFT  # bins at and above this index hold inf and NaN
-REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT + 1)  # half a bin, relative
+REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT)  # bin width relative to its lower edge
 
 
 @dataclass
@@ -93,16 +94,20 @@ class ErrorAccumulator:
             rel = rel.astype(np.float32)
         self.hist += np.bincount(rel.view(np.uint32) >> HIST_SHIFT, minlength=HIST_BINS)
 
-    def merge(self, other: "ErrorAccumulator") -> None:
+    def merge(self, other: "ErrorAccumulator", hist: bool = True) -> None:
+        """Add another accumulator's statistics; ``hist=False`` when both share one
+        histogram array (chunks of one thread)."""
         for name in ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
                      "overflowed", "nan_produced", "finite_pairs", "sum_err", "sum_err2",
                      "sum_x2"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
-        self.hist += other.hist
+        if hist:
+            self.hist += other.hist
 
     def quantile(self, q: float) -> float:
-        """The q-quantile of the relative error over the nonzero finite inputs (bin middle)."""
+        """The q-quantile of the relative error over the nonzero finite inputs (the lower
+        edge of its histogram bin; inf when it falls among results that are inf/NaN)."""
         if self.nonzero == 0:
             return math.nan
         finite = self.hist[:FINITE_BINS]
@@ -111,8 +116,4 @@ class ErrorAccumulator:
         if rank > cumulative[-1]:
             return math.inf
         index = int(np.searchsorted(cumulative, rank))
-        if index == 0:
-            return 0.0
-        low = float(np.uint32(index << HIST_SHIFT).view(np.float32))
-        high = float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
-        return (low + high) / 2
+        return float(np.uint32(index << HIST_SHIFT).view(np.float32))

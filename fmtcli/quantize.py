@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import UsageError
 from .metrics import HIST_BINS, ErrorAccumulator
+from .output import NpyWriter, codes_of, write_codes
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
 from .rounding import (
     OverflowPolicy, RoundingMode, apply_range, magic_rounding_applies, round_float32_nearest_even,
@@ -100,8 +103,11 @@ class _ChunkKernel:
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
 
-    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: bool):
-        """Quantize one chunk; returns (accumulator, scales of its tiles or None, x_q or None)."""
+    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None):
+        """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array).
+
+        ``keep``: None, "values" (x_q) or "codes" (the rounded x * scale, on the format's grid).
+        """
         plan, spec, scheme = self.plan, self.spec, self.plan.scheme
         tr, tc = plan.tile
         rows, cols = x.shape
@@ -139,10 +145,14 @@ class _ChunkKernel:
             if dead.any():  # NVFP4 blocks whose decode scale underflowed decode to 0
                 x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
         x_q = x_q.reshape(xp.shape)
+        kept = None
+        if keep == "codes":
+            kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
         acc.add_chunk(xp, x_q, saturated, overflowed, padding)
-        out = x_q[:rows, :cols] if keep else None
-        return acc, local_scales, out
+        if keep == "values":
+            kept = x_q[:rows, :cols]
+        return acc, local_scales, kept
 
 
 def _chunks(rows: int, cols: int, plans: list[_Plan], chunk_elements: int):
@@ -197,19 +207,20 @@ def default_threads() -> int:
 
 def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 0,
                     chunk_elements: int = CHUNK_ELEMENTS, threads: int | None = None,
-                    progress: Progress | None = None, keep: int | None = None):
+                    progress: Progress | None = None, keep: int | None = None,
+                    keep_mode: str = "values", sink: Callable | None = None):
     """Quantize one tensor under every scheme.
 
-    Returns (list of (scheme, accumulator, scale summary), kept output or None); ``keep``
-    is the index of the scheme whose dequantized values and scales to keep.
+    Returns a list of (scheme as applied, accumulator, scale summary) and, with ``keep`` (a
+    scheme index), that scheme's scale grid (tiles of the matrix view) and tile shape; the
+    kept scheme's per-chunk output goes to ``sink(row_slice, col_slice, array)``.
     """
     threads = default_threads() if threads is None else threads
     reader = _Reader(source)
     rows, cols = matrix_shape(source.shape)
-    ndim = len(source.shape)
     plans = []
     for scheme in schemes:
-        scheme = for_tensor(scheme, source.key, ndim)
+        scheme = for_tensor(scheme, source.key, len(source.shape))
         tile = scheme.tile_shape(rows, cols)
         spans_rows = tile[0] >= rows and rows > 1
         spans_row = rows == 1 and tile[1] >= cols
@@ -217,22 +228,21 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
                            or scheme.scale_format is ScaleFormat.E4M3_FP32))
     chunks = _chunks(rows, cols, plans, chunk_elements)
     total = rows * cols * (2 if any(p.is_global for p in plans) else 1)
-    done = 0
-    if any(p.is_global for p in plans):
-        done = _global_pass(reader, chunks, plans, threads, progress, total)
+    done = _global_pass(reader, chunks, plans, threads, progress, total) \
+        if any(p.is_global for p in plans) else 0
     kernels = [_ChunkKernel(p, seed) for p in plans]
     hists: dict[int, list[np.ndarray]] = {}
 
     def work(item):
         index, (rs, cs) = item
         x = reader.read(rs, cs)
-        key = __import__("threading").get_ident()
-        local = hists.setdefault(key, [np.zeros(HIST_BINS, np.int64) for _ in plans])
-        return x.size, [k.run(x, index, local[i], keep == i) for i, k in enumerate(kernels)]
+        local = hists.setdefault(threading.get_ident(),
+                                 [np.zeros(HIST_BINS, np.int64) for _ in plans])
+        return x.size, [k.run(x, index, local[i], keep_mode if keep == i else None)
+                        for i, k in enumerate(kernels)]
 
     accs = [ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64)) for _ in plans]
     summaries = [ScaleSummary() for _ in plans]
-    kept = np.empty((rows, cols), dtype=np.float32) if keep is not None else None
     kept_scales: list[np.ndarray] = []
     for (size, results), (rs, cs) in zip(_pool_map(work, enumerate(chunks), threads), chunks):
         for i, (acc, scales, out) in enumerate(results):
@@ -241,8 +251,8 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
                 summaries[i].add(scales)
                 if keep == i:
                     kept_scales.append(scales)
-            if out is not None:
-                kept[rs, cs] = out
+            if out is not None and sink is not None:
+                sink(rs, cs, out)
         done += size
         if progress:
             progress(done, total)
@@ -250,15 +260,17 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
         for i, hist in enumerate(local):
             accs[i].hist += hist
     for i, plan in enumerate(plans):
-        if plan.is_global and plan.scales is not None and not (
-                plan.scheme.scale_format is ScaleFormat.E4M3_FP32):
+        if plan.scales is not None:  # global scales, counted once
             summaries[i].add(plan.scales)
             if keep == i:
                 kept_scales.append(plan.scales)
-    output = None
+    kept = None
     if keep is not None:
-        output = (kept.reshape(source.shape), kept_scales, plans[keep])
-    return [(p.scheme, a, s) for p, a, s in zip(plans, accs, summaries)], output
+        long_row = rows == 1 and len(chunks) > 1
+        grid = np.concatenate(kept_scales, axis=1 if long_row else 0) \
+            if len(kept_scales) > 1 else kept_scales[0]
+        kept = (grid, plans[keep].tile)
+    return [(p.scheme, a, s) for p, a, s in zip(plans, accs, summaries)], kept
 
 
 def _global_pass(reader: _Reader, chunks, plans: list[_Plan], threads: int,
@@ -306,33 +318,56 @@ def _global_pass(reader: _Reader, chunks, plans: list[_Plan], threads: int,
 
 def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 0,
              chunk_elements: int = CHUNK_ELEMENTS, threads: int | None = None,
-             progress: Progress | None = None, keep: int | None = None,
-             on_output: Callable | None = None) -> QuantizeResult:
-    """Quantize every usable tensor under every scheme; one result with a total per scheme.
+             progress: Progress | None = None, out: str | None = None,
+             out_scheme: int = -1) -> QuantizeResult:
+    """Quantize every usable tensor under every scheme; with several tensors, a total.
 
-    ``progress(done, total)`` counts elements read over all tensors.  With ``keep`` (a
-    scheme index), ``on_output(source, values, scales, plan)`` receives each tensor's
-    dequantized values and scales.
+    ``progress(done, total)`` counts elements read over all tensors (a tensor with a
+    per-tensor or per-column scheme is read twice).  ``out``: a path checked beforehand with
+    ``output.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
+    (``.npy``: dequantized values of the single tensor; ``.npz``/``.safetensors``: codes and
+    scales of every tensor).
     """
     usable = [s for s in sources if s.skipped is None]
     grand_total = sum(s.size for s in usable)
-    base = 0
-
-    def tensor_progress(done: int, total: int) -> None:
-        if progress:
-            progress(base + done * 0 + min(done, total), grand_total + base * 0)
-
-    tensors = []
+    keep = None if out is None else range(len(schemes))[out_scheme]
+    to_npy = out is not None and out.lower().endswith(".npy")
+    if to_npy and len(usable) != 1:
+        raise UsageError(f"--out {out}: a .npy holds one tensor and there are {len(usable)}",
+                         "write .npz or .safetensors")
+    tensors, coded = [], []
     totals = [ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64)) for _ in schemes]
     total_scales = [ScaleSummary() for _ in schemes]
+    base = 0
     for source in sources:
         if source.skipped is not None:
             tensors.append(TensorResult(source.to_dict(), (), source.skipped))
             continue
-        per_scheme, output = quantize_tensor(
-            source, schemes, seed=seed, chunk_elements=chunk_elements, threads=threads,
-            progress=(lambda d, t, b=base, n=source.size: progress(b + d * n // t, grand_total))
-            if progress else None, keep=keep)
+        writer = sink = codes = None
+        if keep is not None and to_npy:
+            writer = NpyWriter(out, source.shape)
+            sink = writer.write
+        elif keep is not None:
+            rows, cols = matrix_shape(source.shape)
+            spec = schemes[keep].format
+            codes = np.zeros((rows, cols), dtype=codes_of(np.zeros(1, np.float32), spec).dtype)
+
+            def sink(rs, cs, block, codes=codes, spec=spec):
+                codes[rs, cs] = codes_of(block, spec)
+
+        tensor_progress = None
+        if progress:
+            def tensor_progress(done, total, base=base, size=source.size):
+                progress(base + done * size // max(total, 1), grand_total)
+        try:
+            per_scheme, kept = quantize_tensor(
+                source, schemes, seed=seed, chunk_elements=chunk_elements, threads=threads,
+                progress=tensor_progress, keep=keep, keep_mode="values" if to_npy else "codes",
+                sink=sink)
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
         base += source.size
         stats = []
         for i, (scheme, acc, summary) in enumerate(per_scheme):
@@ -340,14 +375,23 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
             totals[i].merge(acc)
             total_scales[i].merge(summary)
         tensors.append(TensorResult(source.to_dict(), tuple(stats), None))
-        if output is not None and on_output is not None:
-            on_output(source, *output)
+        if writer is not None:
+            writer.close()
+        elif codes is not None:
+            grid, tile = kept
+            applied = per_scheme[keep][0]
+            coded.append((source.key or "tensor", codes.reshape(source.shape), grid,
+                          {"scheme": applied.to_dict(), "tile": list(tile),
+                           "shape": list(source.shape)}))
+    if coded:
+        write_codes(out, coded)
     total = None
-    if sum(1 for t in tensors if t.skipped is None) > 1:
+    if len(usable) > 1:
         total = tuple(SchemeStats.from_accumulator(s, a, summary)
                       for s, a, summary in zip(schemes, totals, total_scales))
-    return QuantizeResult(tuple(tensors), total, tuple(schemes))
+    output = None if out is None else {"path": out, "scheme": schemes[keep].label,
+                                       "content": "dequantized values" if to_npy
+                                       else "codes and scales"}
+    return QuantizeResult(tuple(tensors), total, tuple(schemes), output)
 
 
-__all__ = ["CHUNK_ELEMENTS", "OverflowPolicy", "RoundingMode", "matrix_shape", "quantize",
-           "quantize_tensor"]

@@ -130,3 +130,99 @@ def render_underflow(result: UnderflowResult) -> Table:
                       Text("yes", "green") if row.survives else Text("no", "bold red")]
         table.add_row(*cells)
     return table
+
+
+# -- fmt quantize --------------------------------------------------------------------------
+
+def _count_pct(count: int, fraction: float | None) -> str:
+    if fraction is None:
+        return f"{count:,}"
+    return f"{count:,} ({percent_text(fraction)})"
+
+
+def _scales_text(scales: dict) -> str:
+    if not scales["count"]:
+        return "-"
+    low, high = scales["min"], scales["max"]
+    span = value_text(low, 4) if low == high else f"{value_text(low, 4)} .. {value_text(high, 4)}"
+    distinct = scales["distinct"]
+    distinct = f">{scales['distinct_more_than']:,}" if distinct is None else f"{distinct:,}"
+    nan = f", {scales['nan']:,} NaN" if scales["nan"] else ""
+    return f"{span}\n{scales['count']:,} scales, {distinct} distinct{nan}"
+
+
+_STAT_ROWS = [
+    ("format", lambda s: s.scheme["format"]),
+    ("scale rule", lambda s: s.scheme["scale_rule"] + (f" (margin {s.scheme['margin']})"
+                                                       if s.scheme["margin"] else "")
+     + f", {s.scheme['scale_format']}"),
+    ("flushed to zero", lambda s: _count_pct(s.flushed, s.flushed_fraction)),
+    ("median rel error", lambda s: percent_text(s.median_rel_error)),
+    ("p99 rel error", lambda s: percent_text(s.p99_rel_error)),
+    ("max abs error", lambda s: value_text(s.max_abs_error, 4)),
+    ("RMSE", lambda s: value_text(s.rmse, 4)),
+    ("SQNR", lambda s: f"{s.sqnr_db:.1f} dB" if math.isfinite(s.sqnr_db) else value_text(s.sqnr_db)),
+    ("bias (mean error)", lambda s: value_text(s.bias, 3)),
+    ("saturated", lambda s: f"{s.saturated:,}"),
+    ("overflowed (inf/NaN)", lambda s: f"{s.overflowed:,}"),
+    ("NaN produced", lambda s: f"{s.nan_produced:,}"),
+    ("scales", lambda s: _scales_text(s.scales)),
+]
+
+
+def _tensor_title(tensor: dict) -> str:
+    name = tensor["source"] + (f" : {tensor['key']}" if tensor.get("key") else "")
+    shape = "x".join(str(d) for d in tensor["shape"]) or "scalar"
+    return f"{name}  ({shape}, {tensor['dtype']})"
+
+
+def render_quantize(result) -> Table:
+    """One tensor: statistics down, schemes across.  Several: a row per tensor and scheme."""
+    resolution = f"quantiles to within +{result.tensors[0].schemes[0].rel_error_resolution:.2%}" \
+        if result.quantized and result.quantized[0].schemes else ""
+    caption = f"x_q = cast(x * scale) / scale; relative errors over nonzero inputs; {resolution}"
+    if len(result.quantized) == 1 and result.total is None:
+        tensor = result.quantized[0]
+        table = Table(title=_tensor_title(tensor.tensor), title_justify="left",
+                      caption=caption, caption_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("")
+        for stats in tensor.schemes:
+            table.add_column(stats.scheme["label"], justify="right")
+        for label, cell in _STAT_ROWS:
+            table.add_row(label, *[cell(s) for s in tensor.schemes])
+        _add_skipped_caption(table, result)
+        return table
+    table = Table(title="Quantization error per tensor", title_justify="left", caption=caption,
+                  caption_justify="left", box=box.SIMPLE_HEAD)
+    for header, justify in [("tensor", "left"), ("shape", "left"), ("scheme", "left"),
+                            ("flushed", "right"), ("median rel", "right"), ("p99 rel", "right"),
+                            ("SQNR", "right"), ("max abs err", "right"), ("saturated", "right")]:
+        table.add_column(header, justify=justify)
+
+    def add(name: str, shape: str, stats) -> None:
+        for i, s in enumerate(stats):
+            table.add_row(name if i == 0 else "", shape if i == 0 else "", s.scheme["label"],
+                          percent_text(s.flushed_fraction), percent_text(s.median_rel_error),
+                          percent_text(s.p99_rel_error), _STAT_ROWS[7][1](s),
+                          value_text(s.max_abs_error, 3), f"{s.saturated:,}")
+        table.add_section()
+
+    for tensor in result.tensors:
+        t = tensor.tensor
+        name = t["key"] or t["source"]
+        shape = "x".join(str(d) for d in t["shape"])
+        if tensor.skipped:
+            table.add_row(name, shape, f"[dim]skipped: {tensor.skipped}[/dim]")
+            table.add_section()
+        else:
+            add(name, shape, tensor.schemes)
+    if result.total:
+        add("[bold]total[/bold]", f"{result.total[0].count:,} values", result.total)
+    return table
+
+
+def _add_skipped_caption(table: Table, result) -> None:
+    skipped = [t for t in result.tensors if t.skipped]
+    if skipped:
+        names = ", ".join(f"{t.tensor['key'] or t.tensor['source']} ({t.skipped})" for t in skipped)
+        table.caption = f"{table.caption}\nskipped: {names}"

@@ -66,9 +66,9 @@ def working_array(x) -> np.ndarray:
         return x
     if x.dtype.kind in "iub":
         return x.astype(np.float64)
-    if x.dtype.kind == "f" or x.dtype.kind == "V" or _is_ml_float(x.dtype):
+    if x.dtype.kind == "f" or (x.dtype.kind == "V" and _is_ml_float(x.dtype)):
         return x.astype(np.float32)
-    raise UsageError(f"cannot round an array of dtype {x.dtype}")
+    raise UsageError(f"cannot round an array of dtype {x.dtype} (real numbers only)")
 
 
 def _is_ml_float(dtype) -> bool:
@@ -119,7 +119,7 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
 def magic_rounding_applies(spec: FormatSpec) -> bool:
     """Whether ``round_float32_nearest_even`` is exact for this format (see there)."""
     m = spec.mantissa_bits
-    return (spec.signed and spec.subnormals and m <= 22
+    return (spec.signed and spec.subnormals and m <= 22 and spec.min_exponent >= -126
             and spec.min_exponent - m >= -149 and spec.max_exponent <= 103 + m)
 
 
@@ -187,11 +187,11 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
         r += 0.0  # -0 becomes +0; no negative zero exists
     if not spec.signed:
         r[(x < 0) | np.signbit(r) & (r == 0)] = np.nan
-    if not spec.has_zero:
-        zero = r == 0
-        if zero.any():
-            r[zero & (x != 0)] = spec.smallest_subnormal
-            r[x == 0] = np.nan
+    if not spec.has_zero:  # below the smallest value there is only the smallest value
+        tiny = (r < spec.smallest_normal) & (x != 0)
+        if tiny.any():
+            r[tiny & (r >= 0)] = spec.smallest_normal
+        r[x == 0] = np.nan
     return r
 
 
@@ -205,8 +205,11 @@ def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = Rounding
     formats without them).  Stochastic rounding draws from ``rng`` or a generator seeded
     with ``seed`` (0 when neither is given), so runs are reproducible.
     """
-    rounding = RoundingMode(rounding)
-    overflow = OverflowPolicy(overflow)
+    try:
+        rounding = RoundingMode(rounding)
+        overflow = OverflowPolicy(overflow)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     x = working_array(x)
     shape = x.shape
     x = x.reshape(-1)
@@ -259,13 +262,16 @@ def _encode(v: np.ndarray, spec: FormatSpec) -> np.ndarray:
     top = np.uint64((1 << spec.exponent_bits) - 1) << np.uint64(m)
     if spec.has_inf:
         codes = np.where(np.isinf(v), top | sign, codes)
-    if spec.specials is Specials.IEEE:
-        nan_code = top | np.uint64(1 << (m - 1) if m > 0 else 0) | sign
+    if spec.specials is Specials.FNUZ:  # no -0: a zero is the +0 code, never the NaN code
+        codes = np.where(v == 0, np.uint64(0), codes)
+    if spec.specials is Specials.IEEE and m > 0:
+        nan_code = top | np.uint64(1 << (m - 1)) | sign
     elif spec.specials is Specials.FN:
         nan_code = np.uint64((1 << (spec.exponent_bits + m)) - 1) | sign
     elif spec.specials is Specials.FNUZ:  # the negative-zero code
         nan_code = np.uint64(1) << np.uint64(spec.bits - 1)
-    else:  # no NaN code: ml_dtypes writes a zero with the NaN's sign bit flipped
+    else:  # no NaN code (FP6, FP4, IEEE-style with m = 0): ml_dtypes writes a zero with
+        # the NaN's sign bit flipped
         nan_code = (~np.signbit(v)).astype(np.uint64) << np.uint64(spec.bits - 1)
     codes = np.where(np.isnan(v), nan_code, codes)
     return codes.astype(_code_dtype(spec))

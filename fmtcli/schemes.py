@@ -183,3 +183,63 @@ def for_tensor(scheme: Scheme, key: str | None, ndim: int) -> Scheme:
     is_weight = ndim >= 2 and key is not None and key.endswith("weight")
     return replace(scheme, tile=scheme.weight_tile if is_weight else scheme.tile,
                    weight_tile=None)
+
+
+def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
+                 tile: str | None = None, per: Granularity | None = None, axis: int | None = None,
+                 scale_rule: ScaleRule | None = None, margin: int | None = None,
+                 recipe: str | None = None, rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
+                 overflow: OverflowPolicy = OverflowPolicy.SATURATE) -> Scheme:
+    """The scheme from command-line choices: defaults, then the recipe, then explicit options.
+
+    Defaults: float8_e4m3fn, blocks of 128 along the last axis, amax scales.  ``block``,
+    ``tile`` and ``per`` are alternatives (at most one).
+    """
+    given = [name for name, value in (("--block", block), ("--tile", tile), ("--per", per))
+             if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are alternatives: give one")
+    fields: dict = {"format": get_format("float8_e4m3fn"), "granularity": Granularity.BLOCK,
+                    "block": 128}
+    if recipe is not None:
+        fields.update(recipe_fields(recipe))
+    if format is not None:
+        fields["format"] = format
+    if block is not None:
+        fields.update(granularity=Granularity.BLOCK, block=block, weight_tile=None)
+    if tile is not None:
+        fields.update(granularity=Granularity.TILE, tile=parse_tile(tile), weight_tile=None)
+    if per is not None:
+        if per in (Granularity.BLOCK, Granularity.TILE):
+            raise UsageError("--per takes tensor, row or column; use --block N or --tile RxC")
+        fields.update(granularity=per, weight_tile=None)
+    if axis is not None:
+        fields["axis"] = axis
+    if scale_rule is not None:
+        fields["scale_rule"] = scale_rule
+        if scale_rule not in MX_RULES and fields.get("scale_format") is ScaleFormat.E8M0:
+            fields["scale_format"] = ScaleFormat.FLOAT32
+        if scale_rule is not ScaleRule.AMAX and fields.get("scale_format") is ScaleFormat.E4M3_FP32:
+            raise UsageError("the nvfp4 recipe's two-level scales use the amax rule")
+    if margin is not None:
+        fields["margin"] = margin
+    return Scheme(rounding=RoundingMode(rounding), overflow=OverflowPolicy(overflow), **fields)
+
+
+def comparison_schemes(main: Scheme, compare: str) -> list[Scheme]:
+    """The schemes a run reports: ``tensor`` (default) puts a per-tensor scheme of the same
+    format and rule beside ``main``; ``none`` gives ``main`` alone; ``all`` every standard
+    recipe (with ``main``'s rounding and overflow policy)."""
+    if compare == "none" or (compare == "tensor" and main.granularity is Granularity.TENSOR):
+        return [main]
+    if compare == "tensor":
+        rule = main.scale_rule
+        fmt = main.scale_format if main.scale_format is not ScaleFormat.E4M3_FP32 \
+            else ScaleFormat.FLOAT32
+        baseline = replace(main, granularity=Granularity.TENSOR, weight_tile=None, recipe=None,
+                           scale_format=fmt, scale_rule=rule)
+        return [baseline, main]
+    if compare == "all":
+        return [Scheme(rounding=main.rounding, overflow=main.overflow, **recipe_fields(name))
+                for name in STANDARD_RECIPES]
+    raise UsageError(f"--compare takes tensor, none or all, got '{compare}'")

@@ -62,7 +62,8 @@ def test_registry_has_the_expected_ml_dtypes_formats():
 
 @pytest.mark.parametrize("name", ML_FORMATS)
 def test_ml_dtype_is_the_dtype_of_that_name(name):
-    expected = np.dtype(name) if name in ("float32", "float16") else np.dtype(getattr(ml_dtypes, name))
+    native = name in ("float32", "float16")
+    expected = np.dtype(name) if native else np.dtype(getattr(ml_dtypes, name))
     assert REGISTRY[name].ml_dtype == expected
 
 
@@ -90,16 +91,16 @@ def test_figures_are_python_floats_and_ints():
         assert type(getattr(spec, key)) is int, key
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: FormatSpec.eps is always 2**-mantissa_bits, but its "
-                   "docstring says 'spacing of the values just above 1'; when 1.0 is subnormal "
-                   "(min_exponent >= 1, e.g. e4m3_b0 or e1m2fn) the real spacing is larger")
 @pytest.mark.parametrize("name", ["e4m3_b0", "e1m2fn"])
-def test_eps_is_the_spacing_above_one_even_when_one_is_subnormal(name):
+def test_eps_is_the_relative_spacing_even_when_one_is_subnormal(name):
+    # eps is defined as numpy.finfo defines it, 2**-mantissa_bits (the relative spacing of
+    # normal values); where 1.0 is subnormal the spacing just above 1 is larger.
     spec = get_format(name)
     values = all_values(spec)
     values = values[np.isfinite(values)]
     assert 1.0 in values
-    assert spec.eps == values[values > 1.0].min() - 1.0
+    assert spec.eps == 2.0 ** -spec.mantissa_bits
+    assert values[values > 1.0].min() - 1.0 > spec.eps
 
 
 def test_tfloat32_figures():

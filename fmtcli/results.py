@@ -1,0 +1,148 @@
+"""Result objects of ``fmt quantize``: frozen dataclasses with ``to_dict()`` for JSON."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .metrics import REL_ERROR_RESOLUTION, ErrorAccumulator
+
+DISTINCT_CAP = 1 << 16
+
+
+@dataclass
+class ScaleSummary:
+    """Running min / max / distinct count of the scales used (distinct is capped)."""
+
+    count: int = 0
+    low: float = math.inf
+    high: float = -math.inf
+    distinct: set = field(default_factory=set)
+    capped: bool = False
+    nan: int = 0
+
+    def add(self, scales: np.ndarray) -> None:
+        s = np.asarray(scales, dtype=np.float32).reshape(-1)
+        self.count += s.size
+        finite = s[~np.isnan(s)]
+        self.nan += s.size - finite.size
+        if finite.size:
+            self.low = min(self.low, float(finite.min()))
+            self.high = max(self.high, float(finite.max()))
+        if not self.capped:
+            self.distinct.update(np.unique(finite).tolist())
+            if len(self.distinct) > DISTINCT_CAP:
+                self.capped, self.distinct = True, set()
+
+    def merge(self, other: "ScaleSummary") -> None:
+        self.count += other.count
+        self.nan += other.nan
+        self.low, self.high = min(self.low, other.low), max(self.high, other.high)
+        self.capped = self.capped or other.capped
+        if not self.capped:
+            self.distinct |= other.distinct
+            if len(self.distinct) > DISTINCT_CAP:
+                self.capped, self.distinct = True, set()
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "min": self.low if self.count - self.nan else None,
+                "max": self.high if self.count - self.nan else None,
+                "distinct": None if self.capped else len(self.distinct),
+                "distinct_more_than": DISTINCT_CAP if self.capped else None,
+                "nan": self.nan}
+
+
+@dataclass(frozen=True)
+class SchemeStats:
+    """Statistics of one tensor (or the total) under one scheme."""
+
+    scheme: dict
+    count: int
+    nonzero: int
+    zeros: int
+    nonfinite_inputs: int
+    flushed: int
+    flushed_fraction: float
+    saturated: int
+    overflowed: int
+    nan_produced: int
+    median_rel_error: float
+    p99_rel_error: float
+    max_abs_error: float
+    rmse: float
+    sqnr_db: float
+    bias: float
+    scales: dict
+    rel_error_resolution: float = REL_ERROR_RESOLUTION
+
+    @classmethod
+    def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary) -> "SchemeStats":
+        pairs = acc.finite_pairs
+        mse = acc.sum_err2 / pairs if pairs else math.nan
+        if acc.sum_err2 == 0:
+            sqnr = math.inf if acc.sum_x2 > 0 else math.nan
+        else:
+            sqnr = 10 * math.log10(acc.sum_x2 / acc.sum_err2) if acc.sum_x2 > 0 else -math.inf
+        return cls(
+            scheme=scheme.to_dict(), count=acc.count, nonzero=acc.nonzero, zeros=acc.zeros,
+            nonfinite_inputs=acc.nonfinite_inputs, flushed=acc.flushed,
+            flushed_fraction=acc.flushed / acc.nonzero if acc.nonzero else 0.0,
+            saturated=acc.saturated, overflowed=acc.overflowed, nan_produced=acc.nan_produced,
+            median_rel_error=acc.quantile(0.5), p99_rel_error=acc.quantile(0.99),
+            max_abs_error=acc.max_abs_err if pairs else math.nan,
+            rmse=math.sqrt(mse) if pairs else math.nan, sqnr_db=sqnr,
+            bias=acc.sum_err / pairs if pairs else math.nan, scales=scales.to_dict())
+
+    def to_dict(self) -> dict:
+        out = dict(self.scheme)
+        out.update({k: getattr(self, k) for k in (
+            "count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flushed_fraction",
+            "saturated", "overflowed", "nan_produced", "median_rel_error", "p99_rel_error",
+            "max_abs_error", "rmse", "sqnr_db", "bias", "rel_error_resolution")})
+        out["scales"] = self.scales
+        return out
+
+
+@dataclass(frozen=True)
+class TensorResult:
+    """One input tensor: where it came from, and its statistics per scheme (or why not)."""
+
+    tensor: dict
+    schemes: tuple[SchemeStats, ...]
+    skipped: str | None = None
+
+    def to_dict(self) -> dict:
+        out = dict(self.tensor)
+        if self.skipped:
+            out["skipped"] = self.skipped
+        else:
+            out["schemes"] = [s.to_dict() for s in self.schemes]
+        return out
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """Every tensor's statistics and, for several tensors, the total per scheme."""
+
+    tensors: tuple[TensorResult, ...]
+    total: tuple[SchemeStats, ...] | None
+    schemes: tuple
+    output: dict | None = None
+
+    @property
+    def quantized(self) -> list[TensorResult]:
+        return [t for t in self.tensors if t.skipped is None]
+
+    def to_dict(self) -> dict:
+        first = self.schemes[0].format.name if self.schemes else None
+        out = {
+            "format": first,
+            "schemes": [s.to_dict() for s in self.schemes],
+            "tensors": [t.to_dict() for t in self.tensors],
+            "total": [s.to_dict() for s in self.total] if self.total else None,
+        }
+        if self.output:
+            out["output"] = self.output
+        return out
