@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -20,8 +22,13 @@ from .errors import FmtError, UsageError
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_values
-from .render import render_range, render_underflow
+from .output import check_target
+from .quantize import CHUNK_ELEMENTS, quantize
+from .tensors import example_tensor, load_inputs
+from .render import render_quantize, render_range, render_underflow
 from .rounding import OverflowPolicy, RoundingMode
+from .scaling import ScaleRule
+from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
 from .underflow import underflow_table
 
 class OneLineErrors(TyperGroup):
@@ -188,6 +195,122 @@ def underflow_command(
     specs = resolve_formats(format_names, ARTICLE_FORMATS)
     result = underflow_table(parsed, specs, scales, rounding, overflow, seed)
     emit(result, None if json_out else render_underflow(result))
+
+
+class Compare(str, Enum):
+    TENSOR = "tensor"
+    NONE = "none"
+    ALL = "all"
+
+
+class StderrProgress:
+    """A rich progress bar on stderr, shown only on a terminal and once work passes ~1 s."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.start = time.monotonic()
+        self.bar = None
+        self.task = None
+        self.console = stderr_console()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if not self.console.is_terminal or time.monotonic() - self.start < 1.0:
+                return
+            from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                "[progress.percentage]{task.percentage:>3.0f}%",
+                                TimeRemainingColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@app.command("quantize")
+@handle_errors
+def quantize_command(
+    files: Annotated[Optional[list[str]], typer.Argument(
+        metavar="FILE", help="Tensors: .npy .npz .safetensors .pt/.pth .txt/.csv/.json, a "
+        "directory, or - for numbers on stdin. None: the article's built-in example "
+        "(1024 values of size ~0.001 and one outlier of 100).", show_default=False)] = None,
+    format_name: Annotated[Optional[str], typer.Option(
+        "--format", metavar="F", help="Element format.  [default: float8_e4m3fn]",
+        show_default=False)] = None,
+    block: Annotated[Optional[int], typer.Option(
+        "--block", metavar="N", help="One scale per N elements along --axis.  [default: 128]",
+        show_default=False)] = None,
+    tile: Annotated[Optional[str], typer.Option(
+        "--tile", metavar="RxC", help="One scale per RxC tile of the (rows x last axis) "
+        "matrix, e.g. 128x128 or 1x128.")] = None,
+    per: Annotated[Optional[Granularity], typer.Option(
+        "--per", case_sensitive=False, help="One scale per tensor, row or column.")] = None,
+    axis: Annotated[Optional[int], typer.Option(
+        "--axis", help="Axis of --block: -1 (last, default) or 0 (first).")] = None,
+    scale_rule: Annotated[Optional[ScaleRule], typer.Option(
+        "--scale-rule", case_sensitive=False,
+        help="How a block's amax sets its scale.  [default: amax]")] = None,
+    margin: Annotated[Optional[int], typer.Option(
+        "--margin", min=0, help="Divide scales by 2**margin (headroom).")] = None,
+    recipe: Annotated[Optional[str], typer.Option(
+        "--recipe", metavar="NAME", help="Format + granularity + scale rule together: "
+        + ", ".join(RECIPES) + ". Explicit options override parts of it.")] = None,
+    rounding: RoundingOption = RoundingMode.NEAREST_EVEN,
+    overflow: Annotated[OverflowPolicy, typer.Option(
+        "--overflow", case_sensitive=False,
+        help="Beyond max: 'saturate' clips to +-max (what FP8 recipes do), 'ieee' gives "
+             "inf/NaN.")] = OverflowPolicy.SATURATE,
+    compare: Annotated[Compare, typer.Option(
+        "--compare", case_sensitive=False,
+        help="'tensor': per-tensor scaling beside the chosen scheme; 'none': the scheme "
+             "alone; 'all': every standard recipe.")] = Compare.TENSOR,
+    keys: Annotated[Optional[list[str]], typer.Option(
+        "--key", metavar="NAME", help="Only these tensors of a checkpoint (name or glob; "
+        "repeatable).")] = None,
+    out: Annotated[Optional[str], typer.Option(
+        "--out", metavar="PATH", help="Write the scheme's result: .npy (dequantized values) "
+        "or .npz/.safetensors (codes and scales).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+    seed: SeedOption = 0,
+    chunk: Annotated[int, typer.Option(
+        "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
+        "depend on it).")] = CHUNK_ELEMENTS,
+    threads: Annotated[Optional[int], typer.Option(
+        "--threads", min=1, help="Worker threads.  [default: cores, at most 4]",
+        show_default=False)] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """How much does a tensor lose? Scaled quantization, per tensor vs per block or tile.
+
+    x_q = cast(x * scale) / scale.  Prints flushed values, median/p99 relative error, max
+    abs error, RMSE, SQNR, bias and saturation for each scheme.
+    """
+    spec = resolve_formats([format_name], ())[0] if format_name else None
+    main_scheme = build_scheme(format=spec, block=block, tile=tile, per=per, axis=axis,
+                               scale_rule=scale_rule, margin=margin, recipe=recipe,
+                               rounding=rounding, overflow=overflow)
+    schemes = comparison_schemes(main_scheme, compare.value)
+    if out is not None:
+        if compare is Compare.ALL:
+            raise UsageError("--out writes one scheme; it cannot go with --compare all")
+        check_target(out, files or [], force)
+    sources = load_inputs(files, keys) if files else [example_tensor()]
+    if not files and keys:
+        raise UsageError("--key needs a FILE")
+    progress = StderrProgress("quantizing")
+    try:
+        result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, threads=threads,
+                          progress=progress, out=out)
+    finally:
+        progress.close()
+    for tensor in result.tensors:
+        if tensor.skipped:
+            note(f"skipped {tensor.tensor['key'] or tensor.tensor['source']}: {tensor.skipped}")
+    emit(result, None if json_out else render_quantize(result))
 
 
 def main() -> None:

@@ -30,6 +30,20 @@ FINITE_BINS = 0x7F800000 >> HIST_SHIFT  # bins at and above this index hold inf 
 REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT)  # bin width relative to its lower edge
 
 
+def _sum_of_squares(values: np.ndarray, largest: float | None) -> float:
+    """Sum of squares of one chunk (at most 2**40 values).
+
+    float32 squares summed pairwise in float32 (relative error ~1e-7) when the largest value
+    L lies in [2**-23, 2**50]: then every square that float32 flushes is below
+    (L * 2**-40)**2, which all of them together cannot lift above 2**-40 of L**2, and nothing
+    overflows.  Otherwise (tiny gradients, unknown L) float64.
+    """
+    if (largest is not None and 2.0 ** -23 <= largest <= 2.0 ** 50
+            and values.dtype == np.float32):
+        return float(np.add.reduce(np.square(values), dtype=np.float32))
+    return float(np.sum(np.square(values, dtype=np.float64)))
+
+
 @dataclass
 class ErrorAccumulator:
     """Mergeable running statistics; ``add_chunk`` for data, ``merge`` for partial results."""
@@ -50,49 +64,63 @@ class ErrorAccumulator:
     hist: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, dtype=np.int64))
 
     def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
-                  overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None) -> None:
+                  overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None,
+                  x_max: float | None = None) -> None:
         """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result.
 
         ``padding`` trailing zeros were added to the chunk to fill whole blocks: they are
-        not counted.  ``work`` is an optional float32 scratch array of the same size.
+        not counted.  ``work`` is an optional float32 scratch array of the same size;
+        ``x_max`` max|x| if the caller knows it (it picks the summation's precision).
         """
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
+            self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work,
+                      x_max)
 
-    def _add(self, x, x_q, saturated, overflowed, padding, work) -> None:
+    def _add(self, x, x_q, saturated, overflowed, padding, work, x_max) -> None:
         err = np.subtract(x_q, x, out=work.reshape(-1) if work is not None else None)
-        total_err = float(np.sum(err, dtype=np.float64))
-        zeros = x.size - np.count_nonzero(x) - padding
-        nonfinite_in = x.size - int(np.count_nonzero(np.isfinite(x)))
+        # Pairwise summation in the data's precision (float32: ~1e-7 of the sum of |err|);
+        # inf/NaN anywhere make it non-finite, which selects the careful path below.
+        total_err = float(np.add.reduce(err))
         self.count += x.size - padding
-        self.zeros += zeros
-        self.nonfinite_inputs += nonfinite_in
-        self.nonzero += x.size - padding - zeros - nonfinite_in
-        self.flushed += int(np.count_nonzero((x_q == 0) & (x != 0) & np.isfinite(x)))
         self.saturated += saturated
         self.overflowed += overflowed
         if math.isfinite(total_err):
-            finite_err, finite_x = err, x
+            # Every input and result is finite, and a zero input gave a zero result: zeros
+            # and flushed values come from two cheap counts.
+            zeros = int(np.count_nonzero(x == 0))
+            self.flushed += int(np.count_nonzero(x_q == 0)) - zeros
+            zeros -= padding
+            self.zeros += zeros
+            self.nonzero += x.size - padding - zeros
             self.finite_pairs += x.size - padding
+            finite_err, finite_x = err, x
         else:  # rare: inf/NaN in input or result; restrict the sums to finite pairs
-            keep = np.isfinite(err)
+            finite_in = np.isfinite(x)
+            zeros = int(np.count_nonzero(x == 0)) - padding
+            nonfinite_in = x.size - int(np.count_nonzero(finite_in))
+            self.zeros += zeros
+            self.nonfinite_inputs += nonfinite_in
+            self.nonzero += x.size - padding - zeros - nonfinite_in
+            self.flushed += int(np.count_nonzero((x_q == 0) & (x != 0) & finite_in))
             self.nan_produced += int(np.count_nonzero(np.isnan(x_q) & ~np.isnan(x)))
+            keep = np.isfinite(err)
             finite_err, finite_x = err[keep], x[keep]
             self.finite_pairs += finite_err.size - padding
             total_err = float(np.sum(finite_err, dtype=np.float64))
         self.sum_err += total_err
         abs_err = np.abs(finite_err, out=finite_err)
-        if abs_err.size:
-            self.max_abs_err = max(self.max_abs_err, float(abs_err.max()))
-        self.sum_err2 += float(np.sum(np.square(abs_err), dtype=np.float64))
-        self.sum_x2 += float(np.sum(np.square(finite_x), dtype=np.float64))
+        max_err = float(abs_err.max()) if abs_err.size else 0.0
+        self.max_abs_err = max(self.max_abs_err, max_err)
+        self.sum_err2 += _sum_of_squares(abs_err, max_err)
+        self.sum_x2 += _sum_of_squares(finite_x, x_max)
         if finite_err is err:
             rel = np.divide(abs_err, np.abs(x), out=abs_err)
         else:
             rel = np.abs(x_q - x) / np.abs(x)
         if rel.dtype != np.float32:
             rel = rel.astype(np.float32)
-        self.hist += np.bincount(rel.view(np.uint32) >> HIST_SHIFT, minlength=HIST_BINS)
+        bins = np.right_shift(rel.view(np.uint32), HIST_SHIFT, dtype=np.intp)
+        self.hist += np.bincount(bins, minlength=HIST_BINS)
 
     def merge(self, other: "ErrorAccumulator", hist: bool = True) -> None:
         """Add another accumulator's statistics; ``hist=False`` when both share one

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import DataError, UsageError
 from .metrics import HIST_BINS, ErrorAccumulator
 from .output import NpyWriter, codes_of, write_codes
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
@@ -57,19 +57,28 @@ class _Plan:
     tensor_scale: float | None = None  # NVFP4's float32 per-tensor scale
 
 
+_MAGNITUDE = {np.dtype(np.float32): (np.uint32, np.uint32(0x7FFFFFFF)),
+              np.dtype(np.float64): (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF))}
+
+
 def _tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
     """amax of every (tr x tc) tile of a 2-D chunk; ragged edges count as smaller tiles.
 
-    NaN propagates (as torch.amax): a tile holding NaN gets a NaN amax.
+    Computed on the bit patterns with the sign cleared: for IEEE floats their order as
+    unsigned integers is the order of the magnitudes, and NaN patterns sort above inf, so a
+    tile holding NaN gets a NaN amax (as torch.amax).  Integer max is the faster reduction.
     """
     rows, cols = x.shape
     pr, pc = (-rows) % tr, (-cols) % tc
-    a = np.abs(x)
+    carrier, mask = _MAGNITUDE[x.dtype]
+    a = np.bitwise_and(x.view(carrier), mask)
     if pr or pc:
         a = np.pad(a, ((0, pr), (0, pc)))
     if tr == 1:
-        return a.reshape(a.shape[0], -1, tc).max(axis=2)
-    return a.reshape(a.shape[0] // tr, tr, -1, tc).max(axis=(1, 3))
+        amax = a.reshape(a.shape[0], -1, tc).max(axis=2)
+    else:
+        amax = a.reshape(a.shape[0] // tr, tr, -1, tc).max(axis=(1, 3))
+    return amax.view(x.dtype)
 
 
 def _scales_for(amax: np.ndarray, plan: _Plan) -> np.ndarray:
@@ -116,11 +125,13 @@ class _ChunkKernel:
         pr, pc = (-rows) % tr, (-cols) % tc
         xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
         padding = xp.size - x.size
-        local_scales = None
+        local_scales = x_max = None
         if plan.is_global:
             scale = plan.scales
         else:
-            scale = _scales_for(_tile_amax(xp, tr, tc), plan)
+            amax = _tile_amax(xp, tr, tc)
+            x_max = float(amax.max())
+            scale = _scales_for(amax, plan)
             local_scales = scale
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
         s4 = scale[:, None, :, None]
@@ -149,7 +160,7 @@ class _ChunkKernel:
         if keep == "codes":
             kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
-        acc.add_chunk(xp, x_q, saturated, overflowed, padding)
+        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max)
         if keep == "values":
             kept = x_q[:rows, :cols]
         return acc, local_scales, kept
@@ -169,20 +180,48 @@ def _chunks(rows: int, cols: int, plans: list[_Plan], chunk_elements: int):
 
 
 class _Reader:
-    """Reads chunks of a tensor's matrix view as float32 (float64 for float64 data)."""
+    """Reads chunks of a tensor's matrix view as float32 (float64 for float64 data).
+
+    Chunks are contiguous element ranges (whole rows, or a column range of a single row).
+    A memory-mapped file is read with ``os.preadv`` into a fresh buffer rather than through
+    the map: no page faults, and the file's pages do not pile up in this process's memory.
+    """
 
     def __init__(self, source: TensorSource) -> None:
         self.array = source.array()
         rows, cols = matrix_shape(source.shape)
+        self.cols = cols
         self.matrix = self.array.reshape(rows, cols)
         self.dtype = np.float64 if self.array.dtype == np.float64 else np.float32
-        self.mmap = getattr(self.array, "_mmap", None) if isinstance(self.array, np.memmap) else None
+        self.fd = None
+        arr = self.array
+        if (isinstance(arr, np.memmap) and arr.flags.c_contiguous and getattr(arr, "filename", None)
+                and hasattr(os, "preadv")):
+            self.fd = os.open(arr.filename, os.O_RDONLY)
+            self.offset = arr.offset
+            self.source_dtype = arr.dtype
 
     def read(self, rows: slice, cols: slice) -> np.ndarray:
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        if self.fd is not None:
+            buffer = np.empty(shape, dtype=self.source_dtype)
+            start = (rows.start * self.cols + cols.start) * self.source_dtype.itemsize
+            view, done = memoryview(buffer.reshape(-1).view(np.uint8)), 0
+            while done < len(view):
+                got = os.preadv(self.fd, [view[done:]], self.offset + start + done)
+                if got <= 0:
+                    raise DataError("the file ended early (truncated while reading?)")
+                done += got
+            return buffer if buffer.dtype == self.dtype else buffer.astype(self.dtype)
         block = self.matrix[rows, cols]
         out = np.empty(block.shape, dtype=self.dtype)
         np.copyto(out, block, casting="unsafe")
         return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _pool_map(function, items, threads: int):
@@ -201,6 +240,32 @@ def _pool_map(function, items, threads: int):
             yield pending.popleft().result()
 
 
+_MALLOC_TUNED = False
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed chunk buffers for reuse instead of returning them to the OS.
+
+    Every chunk allocates a few arrays of about a megabyte; by default glibc serves those
+    with fresh mmap pages or trims them away on free, and the page faults cost more than
+    the arithmetic (measured: 11 ns instead of 4 ns per element for the statistics).  Raising
+    the mmap and trim thresholds keeps them in the heap.  No effect where glibc is absent.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 64 << 20)
+        libc.mallopt(m_trim_threshold, 512 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
 def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
@@ -217,6 +282,15 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     """
     threads = default_threads() if threads is None else threads
     reader = _Reader(source)
+    try:
+        return _quantize_tensor(reader, source, schemes, seed, chunk_elements, threads,
+                                progress, keep, keep_mode, sink)
+    finally:
+        reader.close()
+
+
+def _quantize_tensor(reader, source, schemes, seed, chunk_elements, threads, progress, keep,
+                     keep_mode, sink):
     rows, cols = matrix_shape(source.shape)
     plans = []
     for scheme in schemes:
@@ -328,6 +402,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     (``.npy``: dequantized values of the single tensor; ``.npz``/``.safetensors``: codes and
     scales of every tensor).
     """
+    keep_freed_memory()
     usable = [s for s in sources if s.skipped is None]
     grand_total = sum(s.size for s in usable)
     keep = None if out is None else range(len(schemes))[out_scheme]

@@ -126,25 +126,27 @@ def magic_rounding_applies(spec: FormatSpec) -> bool:
 def round_float32_nearest_even(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
     """Fast unbounded nearest-even rounding of a float32 array (a few integer/float passes).
 
-    For each x, ``M = copysign(max(2**floor(log2|x|), smallest_normal) * 2**(23 - m), x)``;
-    float32 addition rounds ``x + M`` to a multiple of ``ulp(M) = 2**(e - m)``, the target's
-    spacing at x, with ties to even, and ``(x + M) - M`` is then exact.  The exponent is
+    For each x, ``M = max(2**floor(log2|x|), smallest_normal) * 2**(23 - m)``; float32
+    addition rounds ``|x| + M`` to a multiple of ``ulp(M) = 2**(e - m)``, the target's
+    spacing at x, with ties to even, and ``(|x| + M) - M`` is then exact; x's sign goes back
+    on last.  The exponent is
     clamped at 2**(max_exponent + 1), where everything is beyond max anyway.  Valid when
     ``magic_rounding_applies(spec)``: float16, FP8, FP6, FP4 (not bfloat16/tf32, whose
     range would overflow M).  Bit-identical to ``round_unbounded`` below max.
     """
     m = spec.mantissa_bits
-    bits = x.view(np.uint32)
-    magic = np.bitwise_and(bits, np.uint32(0x7F800000))
+    magnitude = np.abs(x)
+    magic = np.bitwise_and(magnitude.view(np.uint32), np.uint32(0x7F800000))
     low = np.float32(spec.smallest_normal).view(np.uint32)
     high = np.float32(2.0 ** (spec.max_exponent + 1)).view(np.uint32)
     np.clip(magic, low, high, out=magic)
     magic += np.uint32((23 - m) << 23)
-    magic |= bits & np.uint32(0x80000000)
     m_float = magic.view(np.float32)
-    r = x + m_float
-    r -= m_float
-    return np.copysign(r, x, out=r)  # a tiny negative x rounds to -0, not +0
+    magnitude += m_float
+    magnitude -= m_float
+    sign = np.bitwise_and(x.view(np.uint32), np.uint32(0x80000000), out=magic)
+    magnitude.view(np.uint32)[...] |= sign  # x's sign (a tiny negative x rounds to -0)
+    return magnitude
 
 
 def _overflow_value(spec: FormatSpec, rounding: RoundingMode, negative: bool) -> float:
