@@ -279,8 +279,8 @@ def quantize_command(
     chunk: Annotated[int, typer.Option(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,
-    threads: Annotated[Optional[int], typer.Option(
-        "--threads", min=1, help="Worker threads.  [default: cores, at most 4]",
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", min=1, help="Worker processes.  [default: the cores available, at most 8]",
         show_default=False)] = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -303,7 +303,7 @@ def quantize_command(
         raise UsageError("--key needs a FILE")
     progress = StderrProgress("quantizing")
     try:
-        result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, threads=threads,
+        result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
                           progress=progress, out=out)
     finally:
         progress.close()

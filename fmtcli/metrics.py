@@ -61,7 +61,7 @@ class ErrorAccumulator:
     sum_err2: float = 0.0
     sum_x2: float = 0.0
     max_abs_err: float = 0.0
-    hist: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, dtype=np.int64))
+    hist: np.ndarray | None = field(default_factory=lambda: np.zeros(HIST_BINS, dtype=np.int64))
 
     def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
                   overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None,
@@ -120,14 +120,31 @@ class ErrorAccumulator:
         if rel.dtype != np.float32:
             rel = rel.astype(np.float32)
         bins = np.right_shift(rel.view(np.uint32), HIST_SHIFT, dtype=np.intp)
+        if self.hist is None:
+            self.hist = np.zeros(HIST_BINS, dtype=np.int64)
         self.hist += np.bincount(bins, minlength=HIST_BINS)
 
+    SUMMED = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
+              "overflowed", "nan_produced", "finite_pairs", "sum_err", "sum_err2", "sum_x2")
+    PACKED = SUMMED + ("max_abs_err",)
+
+    def pack(self, out: np.ndarray) -> None:
+        """Write the scalar statistics into a float64 vector of len(PACKED) (counts stay
+        exact below 2**53)."""
+        out[:] = [getattr(self, name) for name in self.PACKED]
+
+    @classmethod
+    def unpack(cls, row: np.ndarray) -> "ErrorAccumulator":
+        """The scalars of ``pack``, with an empty histogram."""
+        acc = cls(hist=None)
+        for name, value in zip(cls.PACKED, row.tolist()):
+            setattr(acc, name, int(value) if name in cls.SUMMED[:9] else value)
+        return acc
+
     def merge(self, other: "ErrorAccumulator", hist: bool = True) -> None:
-        """Add another accumulator's statistics; ``hist=False`` when both share one
-        histogram array (chunks of one thread)."""
-        for name in ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
-                     "overflowed", "nan_produced", "finite_pairs", "sum_err", "sum_err2",
-                     "sum_x2"):
+        """Add another accumulator's statistics; ``hist=False`` to leave the histogram (when
+        the histograms are gathered separately)."""
+        for name in self.SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
         if hist:

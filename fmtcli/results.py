@@ -24,17 +24,28 @@ class ScaleSummary:
     nan: int = 0
 
     def add(self, scales: np.ndarray) -> None:
-        s = np.asarray(scales, dtype=np.float32).reshape(-1)
+        """Fold in an array of scales (any shape)."""
+        s = np.ascontiguousarray(scales, dtype=np.float32).reshape(-1)
         self.count += s.size
-        finite = s[~np.isnan(s)]
+        nan = np.isnan(s)
+        finite = s[~nan] if nan.any() else s
         self.nan += s.size - finite.size
         if finite.size:
             self.low = min(self.low, float(finite.min()))
             self.high = max(self.high, float(finite.max()))
-        if not self.capped:
-            self.distinct.update(np.unique(finite).tolist())
-            if len(self.distinct) > DISTINCT_CAP:
-                self.capped, self.distinct = True, set()
+        if self.capped or not finite.size:
+            return
+        bits = finite.view(np.uint32)
+        if not np.any(bits & np.uint32(0x807FFFFF)) and np.all(bits):  # powers of two
+            exponents = np.flatnonzero(np.bincount(bits >> np.uint32(23), minlength=256))
+            self.distinct.update(np.ldexp(1.0, exponents.astype(np.int32) - 127).tolist())
+        else:
+            for start in range(0, finite.size, 1 << 16):
+                self.distinct.update(np.unique(finite[start:start + (1 << 16)]).tolist())
+                if len(self.distinct) > DISTINCT_CAP:
+                    break
+        if len(self.distinct) > DISTINCT_CAP:
+            self.capped, self.distinct = True, set()
 
     def merge(self, other: "ScaleSummary") -> None:
         self.count += other.count

@@ -1,0 +1,143 @@
+"""The per-chunk arithmetic of ``fmt quantize``: tile amax, scales, scaled cast, statistics.
+
+Direction: ``x_q = cast(x * scale) / scale``.  One ``ChunkKernel`` applies one scheme to one
+2-D float32 (or float64) chunk of a tensor's matrix view; ``quantize`` streams the chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .metrics import ErrorAccumulator
+from .rounding import (
+    RoundingMode, apply_range, magic_rounding_applies, round_float32_nearest_even, round_unbounded,
+)
+from .scaling import amax_to_scale, scale_to_e4m3
+from .schemes import Scheme, ScaleFormat
+
+
+@dataclass
+class Plan:
+    """One scheme applied to one tensor: its tile and, if global, its precomputed scales."""
+
+    scheme: Scheme
+    tile: tuple[int, int]
+    is_global: bool  # its tiles span every row (or the whole single row): scales come first
+    needs_tensor_amax: bool = False  # NVFP4's two-level scales need the tensor's amax first
+    scales: np.ndarray | None = None  # global schemes: (1, n_tile_columns)
+    tensor_scale: float | None = None  # NVFP4's float32 per-tensor scale
+
+
+_MAGNITUDE = {np.dtype(np.float32): (np.uint32, np.uint32(0x7FFFFFFF)),
+              np.dtype(np.float64): (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF))}
+
+
+def tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
+    """amax of every (tr x tc) tile of a 2-D chunk; ragged edges count as smaller tiles.
+
+    Computed on the bit patterns with the sign cleared: for IEEE floats their order as
+    unsigned integers is the order of the magnitudes, and NaN patterns sort above inf, so a
+    tile holding NaN gets a NaN amax (as torch.amax).  Integer max is the faster reduction.
+    """
+    rows, cols = x.shape
+    pr, pc = (-rows) % tr, (-cols) % tc
+    carrier, mask = _MAGNITUDE[x.dtype]
+    a = np.bitwise_and(x.view(carrier), mask)
+    if pr or pc:
+        a = np.pad(a, ((0, pr), (0, pc)))
+    if tr == 1:
+        amax = a.reshape(a.shape[0], -1, tc).max(axis=2)
+    else:
+        amax = a.reshape(a.shape[0] // tr, tr, -1, tc).max(axis=(1, 3))
+    return amax.view(x.dtype)
+
+
+def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
+    """float32 scales for tile amaxes under the plan's scheme (x_q = cast(x*scale)/scale)."""
+    scheme = plan.scheme
+    if scheme.scale_format is ScaleFormat.E4M3_FP32:
+        # NVFP4: decode scale per block d = e4m3(amax / max_elem * g), g the tensor scale;
+        # the element is cast(x * g / d).  A block whose d underflows to 0 decodes to 0.
+        g = np.float32(plan.tensor_scale)
+        decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = g / decode
+        return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
+    return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin)
+
+
+def nvfp4_tensor_scale(amax: float, scheme: Scheme) -> float:
+    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448)."""
+    if not (amax > 0) or not math.isfinite(amax):
+        return 1.0
+    return float(np.float32(scheme.format.max * 448.0) / np.float32(amax))
+
+
+class ChunkKernel:
+    """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
+
+    def __init__(self, plan: Plan, seed: int) -> None:
+        self.plan = plan
+        self.spec = plan.scheme.format
+        self.seed = seed
+        self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
+                     and magic_rounding_applies(self.spec))
+
+    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None):
+        """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array).
+
+        ``keep``: None, "values" (x_q) or "codes" (the rounded x * scale, on the format's grid).
+        """
+        plan, spec, scheme = self.plan, self.spec, self.plan.scheme
+        tr, tc = plan.tile
+        rows, cols = x.shape
+        if plan.is_global:
+            tr = rows  # the chunk is one band of the global tiles
+            tc = min(tc, cols)  # a tile spanning a long row: the chunk is part of one tile
+        pr, pc = (-rows) % tr, (-cols) % tc
+        xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
+        padding = xp.size - x.size
+        local_scales = x_max = None
+        if plan.is_global:
+            scale = plan.scales
+        else:
+            amax = tile_amax(xp, tr, tc)
+            x_max = float(amax.max())
+            scale = scales_for(amax, plan)
+            local_scales = scale
+        shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
+        s4 = scale[:, None, :, None]
+        xs = np.multiply(xp.reshape(shape4), s4)
+        flat = xs.reshape(-1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self.fast and flat.dtype == np.float32:
+                r = round_float32_nearest_even(flat, spec)
+            else:
+                rng = np.random.default_rng((self.seed, chunk_index))
+                r = round_unbounded(flat, spec, scheme.rounding, rng)
+            counts: dict = {}
+            r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
+        saturated = overflowed = 0
+        if counts["beyond"]:
+            became = int(np.count_nonzero(~np.isfinite(r))) - int(np.count_nonzero(~np.isfinite(flat)))
+            overflowed = max(became, 0)
+            saturated = counts["beyond"] - overflowed
+        with np.errstate(invalid="ignore", divide="ignore"):
+            x_q = np.divide(r.reshape(shape4), s4, out=xs)
+            dead = np.isinf(scale)
+            if dead.any():  # NVFP4 blocks whose decode scale underflowed decode to 0
+                x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
+        x_q = x_q.reshape(xp.shape)
+        kept = None
+        if keep == "codes":
+            kept = r.reshape(xp.shape)[:rows, :cols].copy()
+        acc = ErrorAccumulator(hist=hist)
+        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max)
+        if keep == "values":
+            kept = x_q[:rows, :cols]
+        return acc, local_scales, kept
+
+
