@@ -161,7 +161,8 @@ _STAT_ROWS = [
     ("p99 rel error", lambda s: percent_text(s.p99_rel_error)),
     ("max abs error", lambda s: value_text(s.max_abs_error, 4)),
     ("RMSE", lambda s: value_text(s.rmse, 4)),
-    ("SQNR", lambda s: f"{s.sqnr_db:.1f} dB" if math.isfinite(s.sqnr_db) else value_text(s.sqnr_db)),
+    ("SQNR", lambda s: f"{s.sqnr_db:.1f} dB" if math.isfinite(s.sqnr_db)
+     else ("-" if math.isnan(s.sqnr_db) else value_text(s.sqnr_db))),
     ("bias (mean error)", lambda s: value_text(s.bias, 3)),
     ("saturated", lambda s: f"{s.saturated:,}"),
     ("overflowed (inf/NaN)", lambda s: f"{s.overflowed:,}"),
@@ -194,10 +195,11 @@ def render_quantize(result) -> Table:
         return table
     table = Table(title="Quantization error per tensor", title_justify="left", caption=caption,
                   caption_justify="left", box=box.SIMPLE_HEAD)
-    for header, justify in [("tensor", "left"), ("shape", "left"), ("scheme", "left"),
-                            ("flushed", "right"), ("median rel", "right"), ("p99 rel", "right"),
-                            ("SQNR", "right"), ("max abs err", "right"), ("saturated", "right")]:
-        table.add_column(header, justify=justify)
+    table.add_column("tensor", overflow="fold", min_width=14)
+    table.add_column("shape", no_wrap=True)
+    table.add_column("scheme", min_width=12)
+    for header in ("flushed", "median rel", "p99 rel", "SQNR", "max abs err", "saturated"):
+        table.add_column(header, justify="right", no_wrap=True)
 
     def add(name: str, shape: str, stats) -> None:
         for i, s in enumerate(stats):
@@ -211,13 +213,11 @@ def render_quantize(result) -> Table:
         t = tensor.tensor
         name = t["key"] or t["source"]
         shape = "x".join(str(d) for d in t["shape"])
-        if tensor.skipped:
-            table.add_row(name, shape, f"[dim]skipped: {tensor.skipped}[/dim]")
-            table.add_section()
-        else:
+        if not tensor.skipped:
             add(name, shape, tensor.schemes)
     if result.total:
         add("[bold]total[/bold]", f"{result.total[0].count:,} values", result.total)
+    _add_skipped_caption(table, result)
     return table
 
 
