@@ -87,6 +87,10 @@ class ChunkKernel:
                      and magic_rounding_applies(self.spec))
 
     def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None):
+        with np.errstate(all="ignore"):  # NaN/inf in the data are counted, not warned about
+            return self._run(x, chunk_index, hist, keep)
+
+    def _run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None):
         """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array).
 
         ``keep``: None, "values" (x_q) or "codes" (the rounded x * scale, on the format's grid).
