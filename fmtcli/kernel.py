@@ -16,6 +16,7 @@ from .rounding import (
     RoundingMode, apply_range, magic_rounding_applies, round_float32_nearest_even, round_unbounded,
 )
 from .scaling import amax_to_scale, scale_to_e4m3
+from .formats import Specials
 from .schemes import Scheme, ScaleFormat
 
 
@@ -85,16 +86,21 @@ class ChunkKernel:
         self.seed = seed
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
+        # Formats whose only range rule is max (no -0 rule, zero and sign as float32 has).
+        self.plain = (self.spec.signed and self.spec.has_zero
+                      and self.spec.specials is not Specials.FNUZ)
 
-    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None):
-        with np.errstate(all="ignore"):  # NaN/inf in the data are counted, not warned about
-            return self._run(x, chunk_index, hist, keep)
-
-    def _run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None):
+    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None,
+            shared: dict | None = None):
         """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array).
 
-        ``keep``: None, "values" (x_q) or "codes" (the rounded x * scale, on the format's grid).
+        ``keep``: None, "values" (x_q) or "codes" (the rounded x * scale, on the format's
+        grid).  ``shared``: a dict shared by the schemes of one chunk (cached sums).
         """
+        with np.errstate(all="ignore"):  # NaN/inf in the data are counted, not warned about
+            return self._run(x, chunk_index, hist, keep, {} if shared is None else shared)
+
+    def _run(self, x, chunk_index, hist, keep, shared):
         plan, spec, scheme = self.plan, self.spec, self.plan.scheme
         tr, tc = plan.tile
         rows, cols = x.shape
@@ -105,6 +111,7 @@ class ChunkKernel:
         xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
         padding = xp.size - x.size
         local_scales = x_max = None
+        in_range = False  # known that no |x * scale| exceeds the format's max
         if plan.is_global:
             scale = plan.scales
         else:
@@ -112,6 +119,9 @@ class ChunkKernel:
             x_max = float(amax.max())
             scale = scales_for(amax, plan)
             local_scales = scale
+            peak = float(np.max(amax.astype(np.float64) * scale))
+            in_range = peak <= spec.max  # False for NaN
+        plain = self.plain and keep != "codes"
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
         s4 = scale[:, None, :, None]
         xs = np.multiply(xp.reshape(shape4), s4)
@@ -122,8 +132,9 @@ class ChunkKernel:
             else:
                 rng = np.random.default_rng((self.seed, chunk_index))
                 r = round_unbounded(flat, spec, scheme.rounding, rng)
-            counts: dict = {}
-            r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
+            counts: dict = {"beyond": 0}
+            if not (in_range and plain):  # values beyond max, or the format's special rules
+                r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
         saturated = overflowed = 0
         if counts["beyond"]:
             became = int(np.count_nonzero(~np.isfinite(r))) - int(np.count_nonzero(~np.isfinite(flat)))
@@ -139,7 +150,7 @@ class ChunkKernel:
         if keep == "codes":
             kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
-        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max)
+        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared)
         if keep == "values":
             kept = x_q[:rows, :cols]
         return acc, local_scales, kept

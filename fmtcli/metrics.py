@@ -65,18 +65,19 @@ class ErrorAccumulator:
 
     def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
                   overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None,
-                  x_max: float | None = None) -> None:
+                  x_max: float | None = None, shared: dict | None = None) -> None:
         """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result.
 
         ``padding`` trailing zeros were added to the chunk to fill whole blocks: they are
         not counted.  ``work`` is an optional float32 scratch array of the same size;
         ``x_max`` max|x| if the caller knows it (it picks the summation's precision).
+        ``shared``: a dict kept across the schemes of one chunk, which caches sum(x**2).
         """
         with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
             self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work,
-                      x_max)
+                      x_max, {} if shared is None else shared)
 
-    def _add(self, x, x_q, saturated, overflowed, padding, work, x_max) -> None:
+    def _add(self, x, x_q, saturated, overflowed, padding, work, x_max, shared) -> None:
         err = np.subtract(x_q, x, out=work.reshape(-1) if work is not None else None)
         # Pairwise summation in the data's precision (float32: ~1e-7 of the sum of |err|);
         # inf/NaN anywhere make it non-finite, which selects the careful path below.
@@ -112,7 +113,12 @@ class ErrorAccumulator:
         max_err = float(abs_err.max()) if abs_err.size else 0.0
         self.max_abs_err = max(self.max_abs_err, max_err)
         self.sum_err2 += _sum_of_squares(abs_err, max_err)
-        self.sum_x2 += _sum_of_squares(finite_x, x_max)
+        if finite_x is x:  # the same for every scheme of this chunk (padding adds zeros)
+            if "sum_x2" not in shared:
+                shared["sum_x2"] = _sum_of_squares(x, x_max)
+            self.sum_x2 += shared["sum_x2"]
+        else:
+            self.sum_x2 += _sum_of_squares(finite_x, x_max)
         if finite_err is err:
             rel = np.divide(abs_err, np.abs(x), out=abs_err)
         else:

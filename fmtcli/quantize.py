@@ -219,9 +219,10 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
     def task(index: int, worker: int) -> int:
         rs, cs = chunks[index]
         x = reader.read(rs, cs)
+        shared: dict = {}
         for i, kernel in enumerate(kernels):
             acc, scales, kept = kernel.run(x, index, hists[worker, i],
-                                           keep_mode if keep == i else None)
+                                           keep_mode if keep == i else None, shared)
             acc.pack(records[index, i])
             if scales is not None:
                 tr, tc = plans[i].tile
