@@ -14,7 +14,6 @@ from enum import Enum
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from . import __version__
@@ -25,7 +24,6 @@ from .literals import parse_values
 from .output import check_target
 from .quantize import CHUNK_ELEMENTS, quantize
 from .tensors import example_tensor, load_inputs
-from .render import render_quantize, render_range, render_underflow
 from .rounding import OverflowPolicy, RoundingMode
 from .scaling import ScaleRule
 from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
@@ -71,8 +69,11 @@ OverflowOption = Annotated[OverflowPolicy, typer.Option(
 SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of stochastic rounding.")]
 
 
-def stdout_console() -> Console:
-    """Console for results; built per command so tests can pin the width (COLUMNS)."""
+def stdout_console():
+    """Console for results; built per command so tests can pin the width (COLUMNS).  rich is
+    imported here, not at start-up: --json runs never load it."""
+    from rich.console import Console
+
     if os.environ.get("COLUMNS", "").isdigit():
         return Console(width=int(os.environ["COLUMNS"]))
     console = Console()
@@ -81,7 +82,9 @@ def stdout_console() -> Console:
     return console
 
 
-def stderr_console() -> Console:
+def stderr_console():
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False)
 
 
@@ -121,12 +124,15 @@ def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[F
     return specs
 
 
-def emit(result, table) -> None:
-    """Print the result's JSON, or the rich table built from it."""
-    if table is None:
-        typer.echo(dumps(result.to_dict() if hasattr(result, "to_dict") else result))
+def emit(json_out: bool, result, renderer: str, data=None) -> None:
+    """Print ``result``'s JSON (``data`` if given, else ``result.to_dict()``), or the rich
+    table that ``render.<renderer>(result)`` builds."""
+    if json_out:
+        typer.echo(dumps(data if data is not None else result.to_dict()))
     else:
-        stdout_console().print(table)
+        from . import render
+
+        stdout_console().print(getattr(render, renderer)(result))
 
 
 def version_callback(value: bool) -> None:
@@ -158,10 +164,7 @@ def range_command(
         specs += [s for s in resolve_formats(formats, ()) if s not in specs] if formats else []
     else:
         specs = resolve_formats(formats, ARTICLE_FORMATS)
-    if json_out:
-        emit([spec.to_dict() for spec in specs], None)
-    else:
-        emit(None, render_range(specs))
+    emit(json_out, specs, "render_range", data=[spec.to_dict() for spec in specs])
 
 
 @app.command("underflow", context_settings={"ignore_unknown_options": True})
@@ -194,7 +197,7 @@ def underflow_command(
     scales = parse_values(scale or [])
     specs = resolve_formats(format_names, ARTICLE_FORMATS)
     result = underflow_table(parsed, specs, scales, rounding, overflow, seed)
-    emit(result, None if json_out else render_underflow(result))
+    emit(json_out, result, "render_underflow")
 
 
 class Compare(str, Enum):
@@ -310,7 +313,7 @@ def quantize_command(
     for tensor in result.tensors:
         if tensor.skipped:
             note(f"skipped {tensor.tensor['key'] or tensor.tensor['source']}: {tensor.skipped}")
-    emit(result, None if json_out else render_quantize(result))
+    emit(json_out, result, "render_quantize")
 
 
 def main() -> None:
