@@ -383,8 +383,8 @@ def assert_scales_match(summary: dict, scale_grid: np.ndarray, what: str = "") -
     finite = s[~np.isnan(s)]
     assert summary["count"] == s.size, (what, summary, s.size)
     if finite.size:
-        assert summary["min"] == float(finite.min()), (what, summary["min"], finite.min())
-        assert summary["max"] == float(finite.max()), (what, summary["max"], finite.max())
+        assert float(summary["min"]) == float(finite.min()), (what, summary["min"], finite.min())
+        assert float(summary["max"]) == float(finite.max()), (what, summary["max"], finite.max())
         assert summary["distinct"] == np.unique(finite).size, (what, summary["distinct"])
 
 
