@@ -21,7 +21,7 @@ from .errors import FmtError, UsageError
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_values
-from .output import check_target
+from .output import check_not_an_input, check_target
 from .quantize import CHUNK_ELEMENTS, quantize
 from .tensors import example_tensor, load_inputs
 from .rounding import OverflowPolicy, RoundingMode
@@ -301,9 +301,11 @@ def quantize_command(
         if compare is Compare.ALL:
             raise UsageError("--out writes one scheme; it cannot go with --compare all")
         check_target(out, files or [], force)
-    sources = load_inputs(files, keys) if files else [example_tensor()]
     if not files and keys:
         raise UsageError("--key needs a FILE")
+    sources = load_inputs(files, keys) if files else [example_tensor()]
+    if out is not None:
+        check_not_an_input(out, sources)
     progress = StderrProgress("quantizing")
     try:
         result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,

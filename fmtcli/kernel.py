@@ -13,9 +13,10 @@ import numpy as np
 
 from .metrics import ErrorAccumulator
 from .rounding import (
-    RoundingMode, apply_range, magic_rounding_applies, round_float32_nearest_even, round_unbounded,
+    PositionalUniform, RoundingMode, apply_range, magic_rounding_applies,
+    round_float32_nearest_even, round_unbounded,
 )
-from .scaling import amax_to_scale, scale_to_e4m3
+from .scaling import F32_MAX, amax_to_scale, scale_to_e4m3
 from .formats import Specials
 from .schemes import Scheme, ScaleFormat
 
@@ -62,9 +63,10 @@ def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
     if scheme.scale_format is ScaleFormat.E4M3_FP32:
         # NVFP4: decode scale per block d = e4m3(amax / max_elem * g), g the tensor scale;
         # the element is cast(x * g / d).  A block whose d underflows to 0 decodes to 0.
+        # Its scale g / 0 is inf; the kernel writes its x_q as 0.
         g = np.float32(plan.tensor_scale)
-        decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
             scale = g / decode
         return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
     return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin)
@@ -74,7 +76,16 @@ def nvfp4_tensor_scale(amax: float, scheme: Scheme) -> float:
     """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448)."""
     if not (amax > 0) or not math.isfinite(amax):
         return 1.0
-    return float(np.float32(scheme.format.max * 448.0) / np.float32(amax))
+    return float(np.float32(min(scheme.format.max * 448.0 / amax, F32_MAX)))
+
+
+def _positions(origin: tuple[int, int, int], padded: tuple[int, int], shape4) -> np.ndarray:
+    """Element index in the whole matrix of every element of a padded chunk, in the order of
+    its tile view (padding gets indices too; it holds zeros, which round to zero anyway)."""
+    row0, col0, cols = origin
+    rows = np.arange(row0, row0 + padded[0], dtype=np.uint64) * np.uint64(cols)
+    index = rows[:, None] + np.arange(col0, col0 + padded[1], dtype=np.uint64)[None, :]
+    return index.reshape(shape4)
 
 
 class ChunkKernel:
@@ -86,21 +97,24 @@ class ChunkKernel:
         self.seed = seed
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
+        self.two_level = plan.scheme.scale_format is ScaleFormat.E4M3_FP32
         # Formats whose only range rule is max (no -0 rule, zero and sign as float32 has).
         self.plain = (self.spec.signed and self.spec.has_zero
                       and self.spec.specials is not Specials.FNUZ)
 
-    def run(self, x: np.ndarray, chunk_index: int, hist: np.ndarray, keep: str | None,
-            shared: dict | None = None):
+    def run(self, x: np.ndarray, origin: tuple[int, int, int], hist: np.ndarray,
+            keep: str | None, shared: dict | None = None):
         """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array).
 
-        ``keep``: None, "values" (x_q) or "codes" (the rounded x * scale, on the format's
-        grid).  ``shared``: a dict shared by the schemes of one chunk (cached sums).
+        ``origin``: (first row, first column, columns of the whole matrix), which places the
+        chunk's elements for stochastic rounding.  ``keep``: None, "values" (x_q) or "codes"
+        (the rounded x * scale, on the format's grid).  ``shared``: a dict shared by the
+        schemes of one chunk (cached sums).
         """
         with np.errstate(all="ignore"):  # NaN/inf in the data are counted, not warned about
-            return self._run(x, chunk_index, hist, keep, {} if shared is None else shared)
+            return self._run(x, origin, hist, keep, {} if shared is None else shared)
 
-    def _run(self, x, chunk_index, hist, keep, shared):
+    def _run(self, x, origin, hist, keep, shared):
         plan, spec, scheme = self.plan, self.spec, self.plan.scheme
         tr, tc = plan.tile
         rows, cols = x.shape
@@ -123,6 +137,10 @@ class ChunkKernel:
             in_range = peak <= spec.max  # False for NaN
         plain = self.plain and keep != "codes"
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
+        dead = None
+        if self.two_level and np.isinf(scale).any():  # NVFP4 blocks that decode to 0
+            dead = np.isinf(scale)
+            scale = np.where(dead, np.float32(0), scale)  # x * 0: no spurious saturation
         s4 = scale[:, None, :, None]
         xs = np.multiply(xp.reshape(shape4), s4)
         flat = xs.reshape(-1)
@@ -130,7 +148,9 @@ class ChunkKernel:
             if self.fast and flat.dtype == np.float32:
                 r = round_float32_nearest_even(flat, spec)
             else:
-                rng = np.random.default_rng((self.seed, chunk_index))
+                rng = None
+                if scheme.rounding is RoundingMode.STOCHASTIC:
+                    rng = PositionalUniform(self.seed, _positions(origin, xp.shape, shape4))
                 r = round_unbounded(flat, spec, scheme.rounding, rng)
             counts: dict = {"beyond": 0}
             if not (in_range and plain):  # values beyond max, or the format's special rules
@@ -142,8 +162,7 @@ class ChunkKernel:
             saturated = counts["beyond"] - overflowed
         with np.errstate(invalid="ignore", divide="ignore"):
             x_q = np.divide(r.reshape(shape4), s4, out=xs)
-            dead = np.isinf(scale)
-            if dead.any():  # NVFP4 blocks whose decode scale underflowed decode to 0
+            if dead is not None:
                 x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
         x_q = x_q.reshape(xp.shape)
         kept = None

@@ -53,7 +53,36 @@ def _temporary(path: str) -> str:
 
 
 def _commit(temporary: str, path: str) -> None:
+    """Give the file the mode a new file gets (mkstemp's is 0600), then rename into place."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(temporary, 0o666 & ~mask)
     os.replace(temporary, path)
+
+
+def check_not_an_input(path: str, sources) -> None:
+    """Refuse a target that is one of the tensors' files (e.g. found in an input folder)."""
+    target = os.path.realpath(path)
+    for source in sources:
+        if os.path.exists(source.source) and os.path.realpath(source.source) == target:
+            raise UsageError(f"--out '{path}' is one of the inputs; refusing to overwrite it")
+
+
+def output_names(sources) -> list[str]:
+    """A distinct name per tensor for the codes/scales file: its key, or its file's stem;
+    names that repeat across inputs get the file's stem in front, then a counter."""
+    def stem(source) -> str:
+        return os.path.splitext(os.path.basename(source.source))[0] or "tensor"
+
+    names = [source.key or stem(source) for source in sources]
+    repeated = {name for name in names if names.count(name) > 1}
+    names = [f"{stem(s)}.{n}" if n in repeated and s.key else n for s, n in zip(sources, names)]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}.{seen[name]}")
+    return unique
 
 
 def codes_of(values: np.ndarray, spec: FormatSpec) -> np.ndarray:

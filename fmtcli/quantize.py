@@ -22,7 +22,7 @@ import numpy as np
 from .errors import DataError, UsageError
 from .kernel import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
 from .metrics import HIST_BINS, ErrorAccumulator
-from .output import NpyWriter, codes_of, write_codes
+from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
 from .schemes import Scheme, ScaleFormat, for_tensor
@@ -46,7 +46,7 @@ def plan_schemes(source: TensorSource, schemes: list[Scheme]) -> list[Plan]:
     plans = []
     for scheme in schemes:
         scheme = for_tensor(scheme, source.key, len(source.shape))
-        tile = scheme.tile_shape(rows, cols)
+        tile = scheme.tile_shape(rows, cols, len(source.shape))
         spans = (tile[0] >= rows and rows > 1) or (rows == 1 and tile[1] >= cols)
         plans.append(Plan(scheme, tile, spans,
                           needs_tensor_amax=scheme.scale_format is ScaleFormat.E4M3_FP32))
@@ -142,31 +142,28 @@ def keep_freed_memory() -> None:
 def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
                 progress: Callable[[int], None] | None) -> None:
     """amax of the tiles that span all rows (or the whole row), and NVFP4's tensor amax;
-    sets each such plan's scales or tensor scale."""
+    sets each such plan's scales or tensor scale.  Each worker keeps one running maximum
+    per tile column (memory: workers x columns, whatever the tensor's length)."""
     cols = reader.cols
     targets = [p for p in plans if p.is_global or p.needs_tensor_amax]
-    widths = [1 if p.needs_tensor_amax and not p.is_global else -(-cols // p.tile[1])
-              for p in targets]
-    partial = [shared_array((len(chunks), w), np.float32) for w in widths]
-    long_row = matrix_shape(reader.array.shape)[0] == 1 and len(chunks) > 1
+    widths = [-(-cols // p.tile[1]) if p.is_global else 1 for p in targets]
+    workers = max(1, min(workers, len(chunks)))
+    partial = [shared_array((workers, w), np.float32) for w in widths]
 
     def task(index: int, worker: int) -> int:
         rs, cs = chunks[index]
         x = reader.read(rs, cs)
-        for p, out in zip(targets, partial):
-            if out.shape[1] == 1:
-                amax = tile_amax(x, x.shape[0], x.shape[1]).reshape(1)
-                out[index, 0] = amax[0]
-            else:
-                amax = tile_amax(x, x.shape[0], p.tile[1]).reshape(-1)
-                first = cs.start // p.tile[1] if long_row else 0
-                out[index, :] = 0
-                out[index, first:first + amax.size] = amax
+        for target, out in zip(targets, partial):
+            # a global tile spans the chunk's rows, and either its columns (per-column,
+            # custom tiles) or the whole chunk (per-tensor; a long row's per-row; NVFP4)
+            tc = target.tile[1] if target.is_global and out.shape[1] > 1 else x.shape[1]
+            amax = tile_amax(x, x.shape[0], tc).reshape(-1)
+            np.maximum(out[worker], amax, out=out[worker])  # NaN propagates
         return x.size
 
     run_tasks(task, len(chunks), workers, progress)
     for p, out in zip(targets, partial):
-        amax = out.max(axis=0, keepdims=True)  # NaN propagates
+        amax = out.max(axis=0, keepdims=True)
         if p.needs_tensor_amax:
             p.tensor_scale = nvfp4_tensor_scale(float(amax.max()), p.scheme)
         if p.is_global:
@@ -221,7 +218,7 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         x = reader.read(rs, cs)
         shared: dict = {}
         for i, kernel in enumerate(kernels):
-            acc, scales, kept = kernel.run(x, index, hists[worker, i],
+            acc, scales, kept = kernel.run(x, (rs.start, cs.start, cols), hists[worker, i],
                                            keep_mode if keep == i else None, shared)
             acc.pack(records[index, i])
             if scales is not None:
@@ -272,6 +269,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
         raise UsageError(f"--out {out}: a .npy holds one tensor and there are {len(usable)}",
                          "write .npz or .safetensors")
     tensors, coded = [], []
+    names = dict(zip(map(id, usable), output_names(usable)))
     totals = [ErrorAccumulator() for _ in schemes]
     total_scales = [ScaleSummary() for _ in schemes]
     base = 0
@@ -316,7 +314,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
         elif codes is not None:
             grid, tile = kept
             applied = per_scheme[keep][0]
-            coded.append((source.key or "tensor", np.array(codes).reshape(source.shape), grid,
+            coded.append((names[id(source)], np.array(codes).reshape(source.shape), grid,
                           {"scheme": applied.to_dict(), "tile": list(tile),
                            "shape": list(source.shape)}))
     if coded:

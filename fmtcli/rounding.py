@@ -116,6 +116,29 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
     return np.ldexp(y, exponent)
 
 
+class PositionalUniform:
+    """Uniform [0, 1) numbers that depend only on (seed, element index): a counter-based
+    generator (the splitmix64 finaliser of the index), so stochastic rounding of a tensor
+    gives the same result however it is cut into chunks or spread over workers.
+
+    ``random(shape)`` returns the numbers of ``indices`` (uint64, that many elements).
+    """
+
+    def __init__(self, seed: int, indices: np.ndarray) -> None:
+        self.seed = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        self.indices = indices
+
+    def random(self, shape) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            z = self.indices.reshape(-1) * np.uint64(0x9E3779B97F4A7C15) + self.seed
+            z ^= z >> np.uint64(30)
+            z *= np.uint64(0xBF58476D1CE4E5B9)
+            z ^= z >> np.uint64(27)
+            z *= np.uint64(0x94D049BB133111EB)
+            z ^= z >> np.uint64(31)
+        return (z >> np.uint64(11)).astype(np.float64).reshape(shape) * 2.0 ** -53
+
+
 def magic_rounding_applies(spec: FormatSpec) -> bool:
     """Whether ``round_float32_nearest_even`` is exact for this format (see there)."""
     m = spec.mantissa_bits

@@ -19,7 +19,10 @@ Rules (``emax_elem`` = floor(log2(max)) of the element format, ``max`` its large
   never saturates.
 MX exponents are clamped to E8M0's range, 2**-127 .. 2**127.
 
-A block whose amax is 0 gets scale 1 (there is nothing to scale; its values stay 0).  A block
+Scales are float32.  A scale beyond float32's normal range (amax below max / 3.4e38, or a
+huge margin) is clamped into it: the largest float32 (2**127 for power-of-two rules) or the
+smallest normal.  A block whose amax is 0 gets scale 1 (there is nothing to scale; its values
+stay 0).  A block
 holding NaN gets a NaN scale and an infinite amax gives scale 0 (``amax``) or NaN (MX), as the
 real recipes do: such a block comes out NaN or zero, and fmtcli counts it.
 """
@@ -47,6 +50,8 @@ class ScaleRule(str, Enum):
 
 
 MX_RULES = (ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL)
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = float(np.finfo(np.float32).tiny)
 E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT = -127, 127
 
 
@@ -98,6 +103,9 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
             exponent = np.clip(exponent, E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
             raw = np.ldexp(1.0, (-exponent).astype(np.int32))
         raw = np.ldexp(raw, -margin)
+        if rule not in MX_RULES:  # stay a finite, normal float32 (tiny amax, huge margin)
+            top = F32_MAX if rule is ScaleRule.AMAX else 2.0 ** 127
+            raw = np.clip(raw, F32_TINY, top)
         scale = np.where(positive, raw, scale)
         if rule in MX_RULES:
             scale = np.where(np.isinf(a), np.nan, scale)

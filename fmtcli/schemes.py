@@ -66,6 +66,8 @@ class Scheme:
             raise UsageError(f"tile sides must be >= 1, got {self.tile[0]}x{self.tile[1]}")
         if self.axis not in (0, -1):
             raise UsageError(f"--axis must be -1 (last) or 0 (first), got {self.axis}")
+        if not 0 <= self.margin <= 64:
+            raise UsageError(f"--margin must be 0..64, got {self.margin}")
         if self.scale_rule in MX_RULES and self.scale_format is ScaleFormat.FLOAT32:
             object.__setattr__(self, "scale_format", ScaleFormat.E8M0)
         if self.scale_format is ScaleFormat.E8M0 and self.scale_rule not in MX_RULES:
@@ -73,8 +75,10 @@ class Scheme:
         if self.scale_format is ScaleFormat.E4M3_FP32 and self.scale_rule is not ScaleRule.AMAX:
             raise UsageError("NVFP4 two-level scales use the amax rule")
 
-    def tile_shape(self, rows: int, cols: int) -> tuple[int, int]:
-        """The (rows, columns) of the tile that shares one scale, clipped to the matrix."""
+    def tile_shape(self, rows: int, cols: int, ndim: int = 2) -> tuple[int, int]:
+        """The (rows, columns) of the tile that shares one scale, clipped to the matrix.
+
+        For a 1-D tensor (one row) both axes name its only axis: blocks run along it."""
         g = self.granularity
         if g is Granularity.TENSOR:
             shape = (rows, cols)
@@ -83,7 +87,7 @@ class Scheme:
         elif g is Granularity.COLUMN:
             shape = (rows, 1)
         elif g is Granularity.BLOCK:
-            shape = (1, self.block) if self.axis == -1 else (self.block, 1)
+            shape = (1, self.block) if self.axis == -1 or ndim <= 1 else (self.block, 1)
         else:
             shape = self.tile
         return max(1, min(shape[0], rows)), max(1, min(shape[1], cols))

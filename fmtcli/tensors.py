@@ -101,9 +101,21 @@ def _from_array(source: str, key: str | None, arr_or_opener, shape, dtype) -> Te
 
 def _load_npy(path: str) -> list[TensorSource]:
     try:
+        with open(path, "rb") as handle:
+            magic = handle.read(6)
+    except OSError as error:
+        raise DataError(f"{path}: cannot read ({error.strerror or error})") from None
+    if magic != b"\x93NUMPY":
+        raise DataError(f"{path}: not a .npy file (it does not start with numpy's magic bytes)")
+    try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as error:
-        raise DataError(f"{path}: not a readable .npy file ({error})") from None
+        text = str(error)
+        if "pickle" in text or "object" in text.lower():
+            text = "it holds Python objects, which fmtcli never unpickles"
+        elif "larger than" in text or "length" in text:
+            text = "truncated: shorter than its header says"
+        raise DataError(f"{path}: not a readable .npy file ({text})") from None
     except OSError as error:
         raise DataError(f"{path}: cannot read ({error.strerror or error})") from None
     return [_from_array(path, None, arr, arr.shape, arr.dtype)]
@@ -166,6 +178,10 @@ def _load_npz(path: str) -> list[TensorSource]:
     return sources
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def read_safetensors_header(path: str) -> tuple[dict, int]:
     """The parsed JSON header of a .safetensors file and the offset where its data starts.
 
@@ -192,10 +208,16 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
         if name == "__metadata__":
             continue
         try:
-            dtype_code, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            shape = tuple(int(s) for s in shape)
-        except (KeyError, TypeError, ValueError):
+            dtype_code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        except (KeyError, TypeError):
             raise DataError(f"{path}: corrupt .safetensors entry '{name}'") from None
+        if not (isinstance(dtype_code, str) and isinstance(shape, list)
+                and all(_is_count(d) for d in shape) and isinstance(offsets, list)
+                and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+            raise DataError(f"{path}: corrupt .safetensors entry '{name}' (dtype must be a "
+                            "string, shape and data_offsets lists of non-negative integers)")
+        begin, end = offsets
+        shape = tuple(shape)
         if dtype_code not in _SAFETENSORS_DTYPES:
             entry["_skip"] = f"safetensors dtype {dtype_code} is not supported"
             continue
@@ -264,11 +286,15 @@ def _load_torch(path: str) -> list[TensorSource]:
     except ImportError:
         raise UsageError(f"{path}: reading .pt/.pth needs torch",
                          "pip install 'fmtcli[torch]'") from None
-    try:
+    try:  # memory-mapped where the file allows it (the zip format of torch >= 1.6)
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # torch raises many types for corrupt or unsafe files
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DataError(f"{path}: cannot load as a torch state dict ({message})") from None
+    except Exception:  # noqa: BLE001 - legacy files refuse mmap; try once more without
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises many types for corrupt or unsafe files
+            text = str(error).strip()
+            message = text.splitlines()[0] if text else type(error).__name__
+            raise DataError(f"{path}: cannot load as a torch state dict ({message})") from None
     sources = []
     for key, value in _flatten_state(state):
         if not isinstance(value, torch.Tensor):
@@ -282,6 +308,18 @@ def _load_torch(path: str) -> list[TensorSource]:
     return sources
 
 
+def _json_constant(name: str) -> float:
+    return float(name.lower().replace("infinity", "inf"))
+
+
+def _holds_none(data) -> bool:
+    if data is None:
+        return True
+    if isinstance(data, list):
+        return any(_holds_none(item) for item in data)
+    return False
+
+
 def parse_text(text: str, source: str) -> np.ndarray:
     """Numbers from text: a JSON (nested) array, or numbers split by commas/whitespace.
 
@@ -292,9 +330,12 @@ def parse_text(text: str, source: str) -> np.ndarray:
         raise DataError(f"{source}: no numbers found")
     if stripped[0] in "[{":
         try:
-            data = json.loads(stripped)
+            data = json.loads(stripped, parse_constant=_json_constant)
         except json.JSONDecodeError as error:
             raise DataError(f"{source}: invalid JSON ({error})") from None
+        if _holds_none(data):
+            raise DataError(f"{source}: JSON null is not a number",
+                            'write "nan" or NaN for a missing value')
         try:
             arr = np.asarray(data, dtype=np.float64)
         except (TypeError, ValueError):

@@ -412,15 +412,16 @@ def test_out_codes_and_scales_decode_to_the_dequantized_values(matrix, tmp_path,
         metadata = None
     else:
         arrays, metadata = read_safetensors(out)
-    assert set(arrays) == {"tensor.codes", "tensor.scales"}
-    codes, scales = arrays["tensor.codes"], arrays["tensor.scales"]
+    name = path.stem  # a keyless input's entries are named after its file
+    assert set(arrays) == {f"{name}.codes", f"{name}.scales"}
+    codes, scales = arrays[f"{name}.codes"], arrays[f"{name}.scales"]
     assert codes.dtype == np.uint8 and codes.shape == x.shape
     assert scales.dtype == np.float32
     xq, grid, _, _ = ref_quantize(x, tile)
     np.testing.assert_array_equal(scales.reshape(grid.shape), grid)
     np.testing.assert_array_equal(decode_codes(codes, scales.reshape(grid.shape), tile), xq)
     if metadata is not None:
-        description = json.loads(metadata["tensor"])
+        description = json.loads(metadata[name])
         assert description["shape"] == list(x.shape)
         assert description["scheme"]["granularity"] == doc["tensors"][0]["schemes"][-1]["granularity"]
         assert description["tile"] == [min(tile[0], x.shape[0]), min(tile[1], x.shape[1])]
@@ -434,7 +435,7 @@ def test_out_codes_of_fp4_and_nvfp4_decode(tmp_path):
         out = tmp_path / f"{recipe}.npz"
         quantize_json(tmp_path / "x.npy", "--recipe", recipe, "--out", out)
         with np.load(out) as z:
-            codes, scales = z["tensor.codes"], z["tensor.scales"]
+            codes, scales = z["x.codes"], z["x.scales"]
         assert codes.dtype == np.uint8 and int(codes.max()) < 16
         if recipe == "mxfp4":
             xq, grid, _, _ = ref_quantize(x, (1, 32), "float4_e2m1fn", "mx-floor")
@@ -464,9 +465,6 @@ def test_out_codes_of_a_checkpoint_one_entry_per_tensor(tmp_path):
         assert key in metadata
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: tensors of several inputs with the same key "
-                   "(several .npy files all become 'tensor') overwrite each other in --out "
-                   ".npz/.safetensors: only the last one is written, silently")
 def test_out_codes_keep_every_tensor_of_several_npy_inputs(tmp_path):
     rng = np.random.default_rng(39)
     np.save(tmp_path / "a.npy", heavy_tailed(rng, (4, 64)))
@@ -507,8 +505,6 @@ def test_out_refuses_to_write_onto_an_input(matrix, tmp_path):
     assert temp_leftovers(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --out onto a file inside an input directory is "
-                   "accepted with --force and replaces that input")
 def test_out_refuses_to_write_onto_a_file_of_an_input_directory(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -535,8 +531,6 @@ def test_out_npy_needs_exactly_one_tensor(tmp_path):
     assert temp_leftovers(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --out files keep mkstemp's mode 0600 instead "
-                   "of the mode the umask gives an ordinary new file (0644 under umask 022)")
 def test_out_file_permissions_follow_the_umask(matrix, tmp_path):
     path, _ = matrix
     old = os.umask(0o022)
@@ -565,9 +559,6 @@ def test_stochastic_rounding_is_seeded_and_independent_of_workers(matrix):
     assert runs[0]["rmse"] > nearest["rmse"]  # stochastic rounding adds variance
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with --rounding stochastic the statistics depend "
-                   "on --chunk (random streams are seeded per chunk index), although --help "
-                   "says results do not depend on it")
 def test_stochastic_rounding_does_not_depend_on_the_chunk_size(matrix):
     path, _ = matrix
     a = only_scheme(quantize_json(path, "--rounding", "stochastic", "--compare", "none"))

@@ -138,9 +138,6 @@ def test_one_dimensional_tensor_blocks_run_along_its_only_axis():
     assert_matches_reference(stats, x, xq, sat, ov, "1-D block 128")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --axis 0 on a 1-D tensor gives one scale per "
-                   "element (the 1-D tensor is one row, so blocks 'along axis 0' are 1x1): "
-                   "zero error reported for any data")
 def test_axis_0_blocks_of_a_one_dimensional_tensor_run_along_it():
     x = heavy_tailed(np.random.default_rng(13), (1000,))
     (stats,) = run(x, [build_scheme(block=128, axis=0)])
@@ -459,9 +456,6 @@ def test_nvfp4_with_nan_and_inf_matches_the_reference():
     assert_matches_reference(stats, x, xq, what="nvfp4 nan/inf")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: amax below max/FLT_MAX (~1.3e-36 for E4M3, normal "
-                   "float32 values) gives a float32 scale of +inf: every value is flushed (100%) and "
-                   "counted as saturated, where a finite scale (e.g. clamped to FLT_MAX) keeps them")
 @pytest.mark.parametrize("kwargs", [dict(per=T), dict(block=128), dict(recipe="nvfp4"),
                                     dict(block=128, scale_rule=ScaleRule.POW2_FLOOR)],
                          ids=["per-tensor", "block", "nvfp4", "pow2-floor"])
@@ -474,8 +468,12 @@ def test_tiny_but_normal_values_get_a_finite_scale(kwargs):
         warnings.simplefilter("error")  # no RuntimeWarning either
         (stats,) = run(x, [build_scheme(**kwargs)])
     assert math.isfinite(float(stats["scales"]["max"])), stats["scales"]
-    assert stats["flushed_fraction"] < 0.05, stats["flushed_fraction"]
     assert stats["saturated"] == 0
+    # no worse than the same data at an ordinary size (NVFP4 flushes ~7% of Gaussian data
+    # anyway: values below 1/24 of their block's amax)
+    (normal,) = run(x * np.float32(1e37), [build_scheme(**kwargs)])
+    assert stats["flushed_fraction"] <= normal["flushed_fraction"] + 0.01, (
+        stats["flushed_fraction"], normal["flushed_fraction"])
 
 
 # -- memory of the first pass ------------------------------------------------------------------
@@ -536,8 +534,5 @@ def test_STREAMING_wide_matrix_memory(wide_npy, args):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-@pytest.mark.xfail(strict=True, reason="BUG: --per column's first pass keeps one float32 amax "
-                   "per chunk and column (chunks x columns): when a row is a whole chunk that "
-                   "is as large as the tensor itself (64 MiB here), so it does not stream")
 def test_STREAMING_wide_matrix_memory_per_column(wide_npy):
     _assert_memory_does_not_grow_with_the_tensor(wide_npy, ("--per", "column"))
