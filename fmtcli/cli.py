@@ -214,17 +214,18 @@ class StderrProgress:
         self.start = time.monotonic()
         self.bar = None
         self.task = None
-        self.console = stderr_console()
+        self.enabled = sys.stderr.isatty()  # rich itself is imported only when needed
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:
-            if not self.console.is_terminal or time.monotonic() - self.start < 1.0:
+            if not self.enabled or time.monotonic() - self.start < 1.0:
                 return
             from rich.progress import BarColumn, Progress, TimeRemainingColumn
 
             self.bar = Progress("[progress.description]{task.description}", BarColumn(),
                                 "[progress.percentage]{task.percentage:>3.0f}%",
-                                TimeRemainingColumn(), console=self.console, transient=True)
+                                TimeRemainingColumn(), console=stderr_console(),
+                                transient=True)
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=total)
         self.bar.update(self.task, completed=done, total=total)

@@ -50,6 +50,29 @@ def default_workers() -> int:
     return max(1, min(8, cores))
 
 
+def _pidfds(pids: list[int]) -> dict[int, int]:
+    """Descriptors that become readable when a child exits (Linux >= 5.3), where available."""
+    if not hasattr(os, "pidfd_open"):
+        return {}
+    fds = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except OSError:
+            pass
+    return fds
+
+
+def _wait_for_exit(fds: list[int], timeout: float) -> None:
+    """Sleep until a child exits (or ``timeout`` seconds pass, for progress updates)."""
+    if not fds:
+        time.sleep(0.002)
+        return
+    import select
+
+    select.select(fds, [], [], timeout)
+
+
 def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
               progress: Callable[[int], None] | None = None) -> None:
     """Run ``task(item, worker)`` for item in range(count); item i goes to worker i % workers.
@@ -86,6 +109,7 @@ def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
         pids.append(pid)
     failed = []
     remaining = set(pids)
+    pidfds = _pidfds(pids)
     while remaining:
         for pid in list(remaining):
             finished, status = os.waitpid(pid, os.WNOHANG)
@@ -96,7 +120,9 @@ def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
         if progress:
             progress(int(counters.sum()))
         if remaining:
-            time.sleep(0.01)
+            _wait_for_exit([pidfds[pid] for pid in remaining if pid in pidfds], 0.1)
+    for fd in pidfds.values():
+        os.close(fd)
     if failed:
         raw = bytes(errors[failed[0]]).rstrip(b"\0").decode("utf-8", "replace")
         kind, _, message = raw.partition(":")

@@ -19,7 +19,7 @@ class ScaleSummary:
     count: int = 0
     low: float = math.inf
     high: float = -math.inf
-    distinct: set = field(default_factory=set)
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # sorted
     capped: bool = False
     nan: int = 0
 
@@ -38,14 +38,19 @@ class ScaleSummary:
         bits = finite.view(np.uint32)
         if not np.any(bits & np.uint32(0x807FFFFF)) and np.all(bits):  # powers of two
             exponents = np.flatnonzero(np.bincount(bits >> np.uint32(23), minlength=256))
-            self.distinct.update(np.ldexp(1.0, exponents.astype(np.int32) - 127).tolist())
-        else:
-            for start in range(0, finite.size, 1 << 16):
-                self.distinct.update(np.unique(finite[start:start + (1 << 16)]).tolist())
-                if len(self.distinct) > DISTINCT_CAP:
-                    break
-        if len(self.distinct) > DISTINCT_CAP:
-            self.capped, self.distinct = True, set()
+            self._fold(np.ldexp(np.float32(1), exponents.astype(np.int32) - 127))
+            return
+        step = DISTINCT_CAP + 1  # a slice this long already tells whether the cap is passed
+        for start in range(0, finite.size, step):
+            if self._fold(np.unique(finite[start:start + step])):
+                return
+
+    def _fold(self, sorted_values: np.ndarray) -> bool:
+        """Merge distinct values in; True once the cap is passed."""
+        self.values = np.union1d(self.values, sorted_values.astype(np.float32))
+        if self.values.size > DISTINCT_CAP:
+            self.capped, self.values = True, np.zeros(0, np.float32)
+        return self.capped
 
     def merge(self, other: "ScaleSummary") -> None:
         self.count += other.count
@@ -53,14 +58,13 @@ class ScaleSummary:
         self.low, self.high = min(self.low, other.low), max(self.high, other.high)
         self.capped = self.capped or other.capped
         if not self.capped:
-            self.distinct |= other.distinct
-            if len(self.distinct) > DISTINCT_CAP:
-                self.capped, self.distinct = True, set()
+            self._fold(other.values)
 
     def to_dict(self) -> dict:
-        return {"count": self.count, "min": self.low if self.count - self.nan else None,
-                "max": self.high if self.count - self.nan else None,
-                "distinct": None if self.capped else len(self.distinct),
+        known = self.count - self.nan
+        return {"count": self.count, "min": self.low if known else None,
+                "max": self.high if known else None,
+                "distinct": None if self.capped else int(self.values.size),
                 "distinct_more_than": DISTINCT_CAP if self.capped else None,
                 "nan": self.nan}
 
