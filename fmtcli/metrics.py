@@ -27,6 +27,7 @@ import numpy as np
 HIST_SHIFT = 16
 HIST_BINS = 1 << (32 - HIST_SHIFT)
 FINITE_BINS = 0x7F800000 >> HIST_SHIFT  # bins at and above this index hold inf and NaN
+NAN_BINS = np.r_[FINITE_BINS + 1:0x8000, 0x8000 + FINITE_BINS + 1:HIST_BINS]  # NaN, either sign
 REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT)  # bin width relative to its lower edge
 
 
@@ -85,14 +86,12 @@ class ErrorAccumulator:
         self.count += x.size - padding
         self.saturated += saturated
         self.overflowed += overflowed
+        zero_results = None
         if math.isfinite(total_err):
-            # Every input and result is finite, and a zero input gave a zero result: zeros
-            # and flushed values come from two cheap counts.
-            zeros = int(np.count_nonzero(x == 0))
-            self.flushed += int(np.count_nonzero(x_q == 0)) - zeros
-            zeros -= padding
-            self.zeros += zeros
-            self.nonzero += x.size - padding - zeros
+            # Every input and result is finite, and a zero input gave a zero result: the
+            # zeros are the 0/0 = NaN relative errors (counted from the histogram below),
+            # and flushed values are the zero results that are not zero inputs.
+            zero_results = int(np.count_nonzero(x_q == 0))
             self.finite_pairs += x.size - padding
             finite_err, finite_x = err, x
         else:  # rare: inf/NaN in input or result; restrict the sums to finite pairs
@@ -125,10 +124,16 @@ class ErrorAccumulator:
             rel = np.abs(x_q - x) / np.abs(x)
         if rel.dtype != np.float32:
             rel = rel.astype(np.float32)
-        bins = np.right_shift(rel.view(np.uint32), HIST_SHIFT, dtype=np.intp)
+        counts = np.bincount(np.right_shift(rel.view(np.uint32), HIST_SHIFT), minlength=HIST_BINS)
         if self.hist is None:
             self.hist = np.zeros(HIST_BINS, dtype=np.int64)
-        self.hist += np.bincount(bins, minlength=HIST_BINS)
+        self.hist += counts
+        if zero_results is not None:
+            zeros = int(counts[NAN_BINS].sum())  # includes the padding's zeros
+            self.flushed += zero_results - zeros
+            zeros -= padding
+            self.zeros += zeros
+            self.nonzero += x.size - padding - zeros
 
     SUMMED = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
               "overflowed", "nan_produced", "finite_pairs", "sum_err", "sum_err2", "sum_x2")
