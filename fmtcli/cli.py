@@ -23,11 +23,12 @@ from .jsonsafe import dumps
 from .literals import parse_values
 from .output import check_not_an_input, check_target
 from .quantize import CHUNK_ELEMENTS, quantize
-from .tensors import example_tensor, load_inputs
 from .rounding import OverflowPolicy, RoundingMode
 from .scaling import ScaleRule
 from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
+from .tensors import example_tensor, load_inputs
 from .underflow import underflow_table
+
 
 class OneLineErrors(TyperGroup):
     """Usage errors of the parser as one line ``Error: ...`` on stderr (exit 2), like ours."""

@@ -238,7 +238,8 @@ _REGISTERED = (
           description="OCP FP8 E4M3 (NVIDIA, Intel, Arm), max 448"),
     _spec("float8_e4m3fnuz", 4, 3, specials=Specials.FNUZ, aliases=("e4m3fnuz", "fp8_e4m3fnuz"),
           description="FP8 E4M3 of AMD MI300 and Graphcore: no -0, max 240"),
-    _spec("float8_e5m2", 5, 2, aliases=("e5m2", "fp8_e5m2"), description="OCP FP8 E5M2, IEEE-style"),
+    _spec("float8_e5m2", 5, 2, aliases=("e5m2", "fp8_e5m2"),
+          description="OCP FP8 E5M2, IEEE-style"),
     _spec("float8_e5m2fnuz", 5, 2, specials=Specials.FNUZ, aliases=("e5m2fnuz", "fp8_e5m2fnuz"),
           description="FP8 E5M2 of AMD MI300 and Graphcore: no inf, no -0"),
     _spec("float8_e4m3", 4, 3, aliases=("e4m3_ieee", "fp8_e4m3_ieee"),
@@ -345,9 +346,10 @@ def resolve_format(name: str) -> tuple[FormatSpec, str | None]:
     if spec is not None:
         return spec, None
     close = difflib.get_close_matches(key, known_names(), n=3, cutoff=0.6)
-    hint = f"did you mean {', '.join(close)}?" if close else "try 'fmt range --all'"
+    hint = f"did you mean {', '.join(close)}?" if close else "'fmt range --all' lists them."
     raise UnknownFormatError(
-        f"unknown format '{name}'", f"{hint}; custom formats are written like e5m10, e4m3fnuz, e4m3_b11")
+        f"unknown format '{name}'",
+        f"{hint} Custom formats are written like e5m10, e4m3fnuz, e4m3_b11")
 
 
 def get_format(name: str) -> FormatSpec:

@@ -11,14 +11,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .formats import Specials
 from .metrics import ErrorAccumulator
 from .rounding import (
-    PositionalUniform, RoundingMode, apply_range, magic_rounding_applies,
-    round_float32_nearest_even, round_unbounded,
+    PositionalUniform,
+    RoundingMode,
+    apply_range,
+    magic_rounding_applies,
+    round_float32_nearest_even,
+    round_unbounded,
 )
 from .scaling import F32_MAX, amax_to_scale, scale_to_e4m3
-from .formats import Specials
-from .schemes import Scheme, ScaleFormat
+from .schemes import ScaleFormat, Scheme
 
 
 @dataclass
@@ -157,7 +161,8 @@ class ChunkKernel:
                 r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
         saturated = overflowed = 0
         if counts["beyond"]:
-            became = int(np.count_nonzero(~np.isfinite(r))) - int(np.count_nonzero(~np.isfinite(flat)))
+            became = (int(np.count_nonzero(~np.isfinite(r)))
+                      - int(np.count_nonzero(~np.isfinite(flat))))
             overflowed = max(became, 0)
             saturated = counts["beyond"] - overflowed
         with np.errstate(invalid="ignore", divide="ignore"):

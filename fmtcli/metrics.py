@@ -145,14 +145,14 @@ class ErrorAccumulator:
         out[:] = [getattr(self, name) for name in self.PACKED]
 
     @classmethod
-    def unpack(cls, row: np.ndarray) -> "ErrorAccumulator":
+    def unpack(cls, row: np.ndarray) -> ErrorAccumulator:
         """The scalars of ``pack``, with an empty histogram."""
         acc = cls(hist=None)
         for name, value in zip(cls.PACKED, row.tolist()):
             setattr(acc, name, int(value) if name in cls.SUMMED[:9] else value)
         return acc
 
-    def merge(self, other: "ErrorAccumulator", hist: bool = True) -> None:
+    def merge(self, other: ErrorAccumulator, hist: bool = True) -> None:
         """Add another accumulator's statistics; ``hist=False`` to leave the histogram (when
         the histograms are gathered separately)."""
         for name in self.SUMMED:

@@ -99,7 +99,7 @@ def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
             try:
                 for item in range(worker, count, workers):
                     counters[worker] += task(item, worker)
-            except BaseException as error:  # noqa: BLE001 - everything must be reported
+            except BaseException as error:
                 kind = "fmt" if isinstance(error, FmtError) else "other"
                 text = f"{kind}:{error}".encode("utf-8", "replace")[:_ERROR_BYTES - 1]
                 errors[worker, :len(text)] = np.frombuffer(text, dtype=np.uint8)

@@ -25,7 +25,7 @@ from .metrics import HIST_BINS, ErrorAccumulator
 from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
-from .schemes import Scheme, ScaleFormat, for_tensor
+from .schemes import ScaleFormat, Scheme, for_tensor
 from .tensors import TensorSource
 
 CHUNK_ELEMENTS = 1 << 18

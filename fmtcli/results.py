@@ -52,7 +52,7 @@ class ScaleSummary:
             self.capped, self.values = True, np.zeros(0, np.float32)
         return self.capped
 
-    def merge(self, other: "ScaleSummary") -> None:
+    def merge(self, other: ScaleSummary) -> None:
         self.count += other.count
         self.nan += other.nan
         self.low, self.high = min(self.low, other.low), max(self.high, other.high)
@@ -93,7 +93,7 @@ class SchemeStats:
     rel_error_resolution: float = REL_ERROR_RESOLUTION
 
     @classmethod
-    def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary) -> "SchemeStats":
+    def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary) -> SchemeStats:
         pairs = acc.finite_pairs
         mse = acc.sum_err2 / pairs if pairs else math.nan
         if acc.sum_err2 == 0:

@@ -1,4 +1,4 @@
-"""Round numpy arrays to any FormatSpec, exactly, with a choice of rounding mode and overflow policy.
+"""Round numpy arrays to any FormatSpec, exactly, with a rounding mode and an overflow policy.
 
 The engine works on the input's own float type (float16 and bfloat16 are widened to float32
 first, exactly; float64 stays float64), so a float64 input is rounded once, straight to the

@@ -288,7 +288,7 @@ def _load_torch(path: str) -> list[TensorSource]:
                          "pip install 'fmtcli[torch]'") from None
     try:  # memory-mapped where the file allows it (the zip format of torch >= 1.6)
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - legacy files refuse mmap; try once more without
+    except Exception:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # torch raises many types for corrupt or unsafe files
@@ -407,7 +407,8 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
     chosen = []
     for pattern in patterns:
         matched = [s for s in sources
-                   if s.key is not None and (s.key == pattern or fnmatch.fnmatchcase(s.key, pattern))]
+                   if s.key is not None
+                   and (s.key == pattern or fnmatch.fnmatchcase(s.key, pattern))]
         if not matched:
             keys = [s.key for s in sources if s.key is not None]
             shown = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")

@@ -130,7 +130,8 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
                 rows.append(UnderflowRow(float(value), spec.name, plain[i], item=i))
             for scale, scaled, s_stored, s_rel, s_fate, recovered, rec_rel in per_scale:
                 rows.append(UnderflowRow(
-                    float(value), spec.name, plain[i], item=i, scale=float(scale), scaled=float(scaled[i]),
+                    float(value), spec.name, plain[i], item=i, scale=float(scale),
+                    scaled=float(scaled[i]),
                     scaled_store=Stored(float(s_stored[i]), float(s_rel[i]), FATES[s_fate[i]]),
                     recovered=float(recovered[i]), recovered_rel_error=float(rec_rel[i])))
     return UnderflowResult(tuple(row for rows in rows_by_value for row in rows), rounding, overflow)

@@ -16,15 +16,28 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from quantize_reference import (
+    REL_RES,
+    SCALE_KEYS,
+    STAT_KEYS,
+    assert_matches_reference,
+    assert_no_traceback,
+    assert_scales_match,
+    assert_usage_error,
+    heavy_tailed,
+    invoke,
+    only_scheme,
+    parallel_option,
+    quantize_json,
+    read_safetensors,
+    ref_nvfp4,
+    ref_quantize,
+    strict_loads,
+    write_safetensors,
+)
 
 from fmtcli.schemes import RECIPES
 from fmtcli.tensors import example_tensor
-from quantize_reference import (
-    REL_RES, SCALE_KEYS, STAT_KEYS, assert_matches_reference,
-    assert_no_traceback, assert_scales_match, assert_usage_error, heavy_tailed, invoke,
-    only_scheme, parallel_option, quantize_json, read_safetensors, ref_nvfp4, ref_quantize,
-    strict_loads, write_safetensors,
-)
 
 BIG = 10 ** 9
 RECIPE_ORDER = ["tensorwise", "rowwise", "deepseek", "mxfp8", "mxfp6", "mxfp4", "nvfp4"]

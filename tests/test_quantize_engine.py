@@ -17,16 +17,20 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from quantize_reference import (
+    assert_matches_reference,
+    assert_scales_match,
+    heavy_tailed,
+    parallel_kwargs,
+    ref_nvfp4,
+    ref_quantize,
+)
 
 from fmtcli.errors import DataError
 from fmtcli.quantize import quantize
 from fmtcli.scaling import ScaleRule
 from fmtcli.schemes import Granularity, build_scheme
 from fmtcli.tensors import TensorSource, load_inputs
-from quantize_reference import (
-    assert_matches_reference, assert_scales_match, heavy_tailed, parallel_kwargs, ref_nvfp4,
-    ref_quantize,
-)
 
 BIG = 10 ** 9
 T = Granularity.TENSOR

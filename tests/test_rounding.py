@@ -28,8 +28,14 @@ from hypothesis import strategies as st
 
 from fmtcli.errors import UsageError
 from fmtcli.formats import REGISTRY, FormatSpec, parse_custom
-from fmtcli.rounding import (OverflowPolicy, RoundingMode, all_values, decode, encode,
-                             round_to_format)
+from fmtcli.rounding import (
+    OverflowPolicy,
+    RoundingMode,
+    all_values,
+    decode,
+    encode,
+    round_to_format,
+)
 
 ML_FORMATS = sorted(name for name, spec in REGISTRY.items() if spec.ml_dtype is not None)
 NO_NAN = ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")

@@ -12,6 +12,16 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from quantize_reference import (
+    FORMATS,
+    assert_matches_reference,
+    assert_scales_match,
+    heavy_tailed,
+    parallel_kwargs,
+    ref_nvfp4,
+    ref_quantize,
+    ref_scale,
+)
 
 from fmtcli.errors import UsageError
 from fmtcli.formats import get_format
@@ -19,10 +29,6 @@ from fmtcli.quantize import quantize
 from fmtcli.scaling import ScaleRule, amax_to_scale
 from fmtcli.schemes import Granularity, ScaleFormat, build_scheme
 from fmtcli.tensors import TensorSource
-from quantize_reference import (
-    FORMATS, assert_matches_reference, assert_scales_match, heavy_tailed, parallel_kwargs,
-    ref_nvfp4, ref_quantize, ref_scale,
-)
 
 E4M3 = get_format("float8_e4m3fn")
 FP4 = get_format("float4_e2m1fn")

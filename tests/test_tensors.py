@@ -13,12 +13,20 @@ import zipfile
 import ml_dtypes
 import numpy as np
 import pytest
+from quantize_reference import (
+    assert_data_error,
+    assert_matches_reference,
+    assert_no_traceback,
+    heavy_tailed,
+    invoke,
+    only_scheme,
+    quantize_json,
+    ref_quantize,
+    strict_loads,
+    write_safetensors,
+)
 
 from fmtcli.tensors import load_inputs, load_path
-from quantize_reference import (
-    assert_data_error, assert_matches_reference, assert_no_traceback, heavy_tailed, invoke,
-    only_scheme, quantize_json, ref_quantize, strict_loads, write_safetensors,
-)
 
 EXACT_KEYS = ("count", "nonzero", "flushed", "saturated", "max_abs_error", "median_rel_error",
               "p99_rel_error", "rmse", "sqnr_db", "bias", "scales")
