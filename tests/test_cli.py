@@ -15,6 +15,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from quantize_reference import assert_no_traceback, strict_loads
 from typer.testing import CliRunner
 
 from fmtcli import __version__
@@ -38,20 +39,6 @@ SCALED_KEYS = {"scaled_stored", "recovered", "recovered_rel_error", "scaled_stat
 
 def invoke(*args: str, env: dict | None = None):
     return runner.invoke(app, list(args), env=WIDE if env is None else env)
-
-
-def strict_loads(text: str):
-    """json.loads that refuses the non-standard NaN/Infinity/-Infinity literals."""
-    return json.loads(
-        text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c!r}"))
-
-
-def assert_no_traceback(result) -> None:
-    assert "Traceback" not in result.stdout
-    assert "Traceback" not in result.stderr
-    # CliRunner swallows an uncaught exception into result.exception (exit code 1).
-    assert result.exception is None or isinstance(result.exception, SystemExit), \
-        repr(result.exception)
 
 
 def json_of(*args: str, env: dict | None = None):
