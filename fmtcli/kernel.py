@@ -21,7 +21,7 @@ from .rounding import (
     round_float32_nearest_even,
     round_unbounded,
 )
-from .scaling import F32_MAX, amax_to_scale, scale_to_e4m3
+from .scaling import F32_MAX, ScaleRule, amax_to_scale, scale_to_e4m3
 from .schemes import ScaleFormat, Scheme
 
 
@@ -59,6 +59,25 @@ def tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
     else:
         amax = a.reshape(a.shape[0] // tr, tr, -1, tc).max(axis=(1, 3))
     return amax.view(x.dtype)
+
+
+def tile_percentile(x: np.ndarray, tr: int, tc: int, q: float) -> np.ndarray:
+    """The q-th percentile (in percent, linear interpolation) of |x| in every (tr x tc) tile
+    of an unpadded chunk; a ragged edge tile counts only its own elements, and a tile
+    holding NaN gets NaN (as its amax would)."""
+    rows, cols = x.shape
+    pr, pc = (-rows) % tr, (-cols) % tc
+    a = np.abs(x)
+    if pr or pc:
+        a = np.pad(a, ((0, pr), (0, pc)), constant_values=np.nan)
+    grid = a.reshape(a.shape[0] // tr, tr, a.shape[1] // tc, tc).transpose(0, 2, 1, 3)
+    flat = grid.reshape(grid.shape[0], grid.shape[1], tr * tc)
+    if pr or pc:
+        result = np.nanpercentile(flat, q, axis=2)
+        result[np.isnan(tile_amax(x, tr, tc))] = np.nan  # NaN of the data, not the padding
+    else:
+        result = np.percentile(flat, q, axis=2)
+    return result.astype(x.dtype)
 
 
 def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
@@ -135,7 +154,10 @@ class ChunkKernel:
         else:
             amax = tile_amax(xp, tr, tc)
             x_max = float(amax.max())
-            scale = scales_for(amax, plan)
+            if scheme.scale_rule is ScaleRule.PERCENTILE:
+                scale = scales_for(tile_percentile(x, tr, tc, scheme.percentile), plan)
+            else:
+                scale = scales_for(amax, plan)
             local_scales = scale
             peak = float(np.max(amax.astype(np.float64) * scale))
             in_range = peak <= spec.max  # False for NaN

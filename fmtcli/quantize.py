@@ -21,10 +21,11 @@ import numpy as np
 
 from .errors import DataError, UsageError
 from .kernel import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
-from .metrics import HIST_BINS, ErrorAccumulator
+from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
 from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
+from .scaling import ScaleRule
 from .schemes import ScaleFormat, Scheme, for_tensor
 from .tensors import TensorSource
 
@@ -48,8 +49,14 @@ def plan_schemes(source: TensorSource, schemes: list[Scheme]) -> list[Plan]:
         scheme = for_tensor(scheme, source.key, len(source.shape))
         tile = scheme.tile_shape(rows, cols, len(source.shape))
         spans = (tile[0] >= rows and rows > 1) or (rows == 1 and tile[1] >= cols)
-        plans.append(Plan(scheme, tile, spans,
-                          needs_tensor_amax=scheme.scale_format is ScaleFormat.E4M3_FP32))
+        plan = Plan(scheme, tile, spans or scheme.fixed_scale is not None,
+                    needs_tensor_amax=scheme.scale_format is ScaleFormat.E4M3_FP32)
+        if scheme.fixed_scale is not None:
+            plan.scales = np.full((1, 1), scheme.fixed_scale, dtype=np.float32)
+        elif plan.is_global and scheme.scale_rule is ScaleRule.PERCENTILE and tile[1] < cols:
+            raise UsageError("percentile clipping needs one scale per tensor, or blocks/tiles "
+                             "that fit in a chunk (not per column)")
+        plans.append(plan)
     return plans
 
 
@@ -145,14 +152,19 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
     sets each such plan's scales or tensor scale.  Each worker keeps one running maximum
     per tile column (memory: workers x columns, whatever the tensor's length)."""
     cols = reader.cols
-    targets = [p for p in plans if p.is_global or p.needs_tensor_amax]
+    targets = [p for p in plans if needs_first_pass(p)]
     widths = [-(-cols // p.tile[1]) if p.is_global else 1 for p in targets]
     workers = max(1, min(workers, len(chunks)))
     partial = [shared_array((workers, w), np.float32) for w in widths]
+    percentile = [p for p in targets if p.scheme.scale_rule is ScaleRule.PERCENTILE]
+    hists = shared_array((workers, HIST_BINS), np.int64) if percentile else None
 
     def task(index: int, worker: int) -> int:
         rs, cs = chunks[index]
         x = reader.read(rs, cs)
+        if percentile:  # one histogram of |x| serves every per-tensor percentile scheme
+            keys = np.right_shift(np.abs(x).astype(np.float32).view(np.uint32), HIST_SHIFT)
+            hists[worker] += np.bincount(keys.reshape(-1), minlength=HIST_BINS)
         for target, out in zip(targets, partial):
             # a global tile spans the chunk's rows, and either its columns (per-column,
             # custom tiles) or the whole chunk (per-tensor; a long row's per-row; NVFP4)
@@ -166,8 +178,30 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
         amax = out.max(axis=0, keepdims=True)
         if p.needs_tensor_amax:
             p.tensor_scale = nvfp4_tensor_scale(float(amax.max()), p.scheme)
-        if p.is_global:
+        if p.is_global and p.scheme.scale_rule is ScaleRule.PERCENTILE:
+            clip = histogram_percentile(hists.sum(axis=0), p.scheme.percentile)
+            if not np.isfinite(amax).all():  # NaN/inf poison the statistic, as amax
+                clip = float(amax[0, 0])
+            p.scales = scales_for(np.array([[clip]], dtype=np.float32), p)
+        elif p.is_global:
             p.scales = scales_for(amax, p)
+
+
+def needs_first_pass(plan: Plan) -> bool:
+    """Whether a plan's scales (or NVFP4's tensor scale) need the whole tensor first."""
+    return (plan.is_global and plan.scales is None) or plan.needs_tensor_amax
+
+
+def histogram_percentile(counts: np.ndarray, q: float) -> float:
+    """The q-th percentile (percent) of |x| from a histogram of its float32 top 16 bits: the
+    upper edge of the bin holding it (within 2**-7 relative; NaN bins ignored)."""
+    finite = counts[:FINITE_BINS]
+    total = int(finite.sum())
+    if total == 0:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * total))
+    index = int(np.searchsorted(np.cumsum(finite), rank))
+    return float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
 
 
 def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 0,
@@ -196,7 +230,7 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
     rows, cols = matrix_shape(source.shape)
     plans = plan_schemes(source, schemes)
     chunks = chunk_slices(rows, cols, plans, chunk_elements)
-    first = any(p.is_global or p.needs_tensor_amax for p in plans)
+    first = any(needs_first_pass(p) for p in plans)
     total = rows * cols * (2 if first else 1)
     offset = 0
     if first:

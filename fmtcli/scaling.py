@@ -17,6 +17,10 @@ Rules (``emax_elem`` = floor(log2(max)) of the element format, ``max`` its large
   rounded half-up, as torchao's ``EVEN`` mode), then as ``mx-floor``.
 - ``mx-rceil``: ``X = 2**ceil(log2(amax / max))``, NVIDIA's cuBLAS/Transformer Engine rule:
   never saturates.
+- ``percentile``: ``scale = max / percentile_q(|x|)`` over the block: clips the largest
+  values (they saturate) to give the rest finer resolution.  The block statistic is passed
+  in place of amax.
+- ``fixed``: one given scale (delayed scaling computes it from earlier tensors' amax).
 MX exponents are clamped to E8M0's range, 2**-127 .. 2**127.
 
 Scales are float32.  A scale beyond float32's normal range (amax below max / 3.4e38, or a
@@ -47,6 +51,8 @@ class ScaleRule(str, Enum):
     MX_CEIL = "mx-ceil"
     MX_EVEN = "mx-even"
     MX_RCEIL = "mx-rceil"
+    PERCENTILE = "percentile"
+    FIXED = "fixed"
 
 
 MX_RULES = (ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL)
@@ -72,22 +78,24 @@ def _ceil_log2(a: np.ndarray) -> np.ndarray:
 
 
 def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX,
-                  margin: int = 0) -> np.ndarray:
+                  margin: float = 0) -> np.ndarray:
     """Scale (float32, same shape as ``amax``) for blocks of the element format ``spec``.
 
-    ``x_q = cast(x * scale) / scale``.  ``margin`` (>= 0) divides the scale by 2**margin,
-    leaving headroom above the block's amax.
+    ``x_q = cast(x * scale) / scale``.  ``margin`` divides the scale by 2**margin, leaving
+    headroom above the block's amax (a negative margin clips; fractional margins serve the
+    MSE search of ``fmt scale-search``).  For ``percentile`` pass the block's percentile of
+    |x| as ``amax``.
     """
     rule = ScaleRule(rule)
-    if margin < 0:
-        raise UsageError(f"the margin must be >= 0, got {margin}")
+    if rule is ScaleRule.FIXED:
+        raise UsageError("a fixed scale is given, not computed from amax")
     a = np.asarray(amax, dtype=np.float64)
     fmax = spec.max
     scale = np.ones(a.shape, dtype=np.float64)
     positive = (a > 0) & np.isfinite(a)
     ap = np.where(positive, a, 1.0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        if rule is ScaleRule.AMAX:
+        if rule in (ScaleRule.AMAX, ScaleRule.PERCENTILE):
             raw = fmax / ap
         elif rule in (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST):
             raw = fmax / ap
@@ -102,9 +110,9 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
             exponent = _mx_exponent(ap, spec, rule)
             exponent = np.clip(exponent, E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
             raw = np.ldexp(1.0, (-exponent).astype(np.int32))
-        raw = np.ldexp(raw, -margin)
+        raw = raw * 2.0 ** -margin
         if rule not in MX_RULES:  # stay a finite, normal float32 (tiny amax, huge margin)
-            top = F32_MAX if rule is ScaleRule.AMAX else 2.0 ** 127
+            top = F32_MAX if rule in (ScaleRule.AMAX, ScaleRule.PERCENTILE) else 2.0 ** 127
             raw = np.clip(raw, F32_TINY, top)
         scale = np.where(positive, raw, scale)
         if rule in MX_RULES:

@@ -16,6 +16,7 @@ Scale direction: ``x_q = cast(x * scale) / scale``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -53,7 +54,9 @@ class Scheme:
     tile: tuple[int, int] = (1, 128)
     weight_tile: tuple[int, int] | None = None  # tile for weight tensors (DeepSeek recipe)
     scale_rule: ScaleRule = ScaleRule.AMAX
-    margin: int = 0
+    margin: float = 0
+    percentile: float | None = None  # the q of the percentile rule, in percent (99.9)
+    fixed_scale: float | None = None  # the scale of the fixed rule
     scale_format: ScaleFormat = ScaleFormat.FLOAT32
     rounding: RoundingMode = RoundingMode.NEAREST_EVEN
     overflow: OverflowPolicy = OverflowPolicy.SATURATE
@@ -66,8 +69,20 @@ class Scheme:
             raise UsageError(f"tile sides must be >= 1, got {self.tile[0]}x{self.tile[1]}")
         if self.axis not in (0, -1):
             raise UsageError(f"--axis must be -1 (last) or 0 (first), got {self.axis}")
-        if not 0 <= self.margin <= 64:
+        if not -16 <= self.margin <= 64:
             raise UsageError(f"--margin must be 0..64, got {self.margin}")
+        if (self.scale_rule is ScaleRule.PERCENTILE) != (self.percentile is not None):
+            raise UsageError("the percentile rule and --percentile go together")
+        if self.percentile is not None and not 0 < self.percentile <= 100:
+            raise UsageError(f"--percentile must be in (0, 100], got {self.percentile}")
+        if (self.scale_rule is ScaleRule.FIXED) != (self.fixed_scale is not None):
+            raise UsageError("the fixed rule and a fixed scale go together")
+        if self.fixed_scale is not None:
+            if not (math.isfinite(self.fixed_scale) and self.fixed_scale > 0):
+                raise UsageError(f"a fixed scale must be positive and finite, got "
+                                 f"{self.fixed_scale}")
+            if self.granularity is not Granularity.TENSOR:
+                raise UsageError("a fixed scale is one scale per tensor (--per tensor)")
         if self.scale_rule in MX_RULES and self.scale_format is ScaleFormat.FLOAT32:
             object.__setattr__(self, "scale_format", ScaleFormat.E8M0)
         if self.scale_format is ScaleFormat.E8M0 and self.scale_rule not in MX_RULES:
@@ -116,6 +131,7 @@ class Scheme:
             "tile": list(self.tile) if g is Granularity.TILE else None,
             "weight_tile": list(self.weight_tile) if self.weight_tile else None,
             "scale_rule": self.scale_rule.value, "margin": self.margin,
+            "percentile": self.percentile, "fixed_scale": self.fixed_scale,
             "scale_format": self.scale_format.value, "rounding": self.rounding.value,
             "overflow": self.overflow.value,
         }

@@ -32,7 +32,9 @@ from fmtcli.tensors import TensorSource
 
 E4M3 = get_format("float8_e4m3fn")
 FP4 = get_format("float4_e2m1fn")
-ALL_RULES = [r.value for r in ScaleRule]
+# the rules that compute a scale from a block's amax (percentile takes the block's
+# percentile in its place and is tested on its own; fixed takes no statistic)
+ALL_RULES = [r.value for r in ScaleRule if r not in (ScaleRule.PERCENTILE, ScaleRule.FIXED)]
 MX = ["mx-floor", "mx-ceil", "mx-even", "mx-rceil"]
 
 
@@ -70,9 +72,19 @@ def test_margin_divides_the_scale_by_a_power_of_two(margin):
                                       scale(amax, rule) / np.float32(2 ** margin), err_msg=rule)
 
 
-def test_negative_margin_is_refused():
-    with pytest.raises(UsageError):
-        amax_to_scale(np.array([1.0]), E4M3, "amax", margin=-1)
+def test_negative_and_fractional_margins_multiply_the_scale():
+    # the library allows them (scale-search's MSE search); the command line keeps margin >= 0
+    assert amax_to_scale(np.array([1.0]), E4M3, "amax", margin=-1)[0] == 896
+    assert amax_to_scale(np.array([448.0]), E4M3, "amax", margin=0.5)[0] == np.float32(2 ** -0.5)
+
+
+def test_negative_margin_is_refused_on_the_command_line():
+    from typer.testing import CliRunner
+
+    from fmtcli.cli import app
+
+    result = CliRunner().invoke(app, ["quantize", "--margin", "-1", "--json"])
+    assert result.exit_code == 2 and result.stdout == ""
 
 
 def test_scale_keeps_the_shape_of_the_amax_grid():
@@ -201,7 +213,7 @@ def test_infinite_amax(rule):
 
 
 def test_mx_rules_store_e8m0_scales_and_others_float32():
-    for rule in ScaleRule:
+    for rule in map(ScaleRule, ALL_RULES):
         scheme = build_scheme(scale_rule=rule)
         expected = ScaleFormat.E8M0 if rule.value in MX else ScaleFormat.FLOAT32
         assert scheme.scale_format is expected, rule
