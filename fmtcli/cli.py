@@ -21,9 +21,11 @@ from .errors import FmtError, UsageError
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_values
+from .lossscale import example_gradients, sweep_loss_scales
 from .output import check_not_an_input, check_target
 from .quantize import CHUNK_ELEMENTS, quantize
 from .rounding import OverflowPolicy, RoundingMode
+from .scalesearch import HISTORY, Metric, search_scales
 from .scaling import ScaleRule
 from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
 from .tensors import example_tensor, load_inputs
@@ -318,6 +320,77 @@ def quantize_command(
         if tensor.skipped:
             note(f"skipped {tensor.tensor['key'] or tensor.tensor['source']}: {tensor.skipped}")
     emit(json_out, result, "render_quantize")
+
+
+@app.command("scale-search")
+@handle_errors
+def scale_search_command(
+    files: Annotated[Optional[list[str]], typer.Argument(
+        metavar="FILE", help="Tensors, as for quantize. None: the article's example (or, "
+        "with --loss-scale, synthetic gradients).", show_default=False)] = None,
+    format_name: Annotated[Optional[str], typer.Option(
+        "--format", metavar="F", help="Element format.  [default: float8_e4m3fn; with "
+        "--loss-scale: float16]", show_default=False)] = None,
+    block: Annotated[Optional[int], typer.Option(
+        "--block", metavar="N", help="One scale per N elements along --axis.")] = None,
+    tile: Annotated[Optional[str], typer.Option(
+        "--tile", metavar="RxC", help="One scale per RxC tile.")] = None,
+    per: Annotated[Optional[Granularity], typer.Option(
+        "--per", case_sensitive=False,
+        help="One scale per tensor, row or column.  [default: tensor]",
+        show_default=False)] = None,
+    axis: Annotated[Optional[int], typer.Option(
+        "--axis", help="Axis of --block: -1 (last) or 0 (first).")] = None,
+    metric: Annotated[Metric, typer.Option(
+        "--metric", case_sensitive=False, help="What the best rule minimises (SQNR: "
+        "maximises).")] = Metric.MSE,
+    history: Annotated[int, typer.Option(
+        "--history", min=1, help="Amax history length H of delayed scaling.")] = HISTORY,
+    over_first_axis: Annotated[bool, typer.Option(
+        "--over-first-axis", help="Treat the first axis of one tensor as a sequence of "
+        "steps (for delayed scaling).")] = False,
+    loss_scale: Annotated[bool, typer.Option(
+        "--loss-scale", help="Sweep loss scales 2^0..2^32 over gradients instead.")] = False,
+    histogram: Annotated[bool, typer.Option(
+        "--histogram", help="With --loss-scale: a histogram of log2|g| with the format's "
+        "regions.")] = False,
+    keys: Annotated[Optional[list[str]], typer.Option(
+        "--key", metavar="NAME", help="Only these tensors of a checkpoint.")] = None,
+    seed: SeedOption = 0,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", min=1, help="Worker processes.", show_default=False)] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Which scale should I use? Candidate scale rules side by side, the best marked.
+
+    x_q = cast(x * scale) / scale.  Rules: amax (and margins 1..3), powers of two, MX
+    E8M0, percentile clipping, delayed scaling (for a sequence of tensors) and an MSE
+    search.  --loss-scale: which loss scale keeps FP16 gradients from flushing or
+    overflowing.
+    """
+    if not files and keys:
+        raise UsageError("--key needs a FILE")
+    if histogram and not loss_scale:
+        raise UsageError("--histogram goes with --loss-scale")
+    if loss_scale:
+        spec = resolve_formats([format_name or "float16"], ())[0]
+        sources = load_inputs(files, keys) if files else [example_gradients()]
+        result = sweep_loss_scales(sources, spec, workers=workers)
+        if json_out:
+            emit(True, result, "")
+        else:
+            from . import render
+
+            stdout_console().print(render.render_loss_scale(result, histogram))
+        return
+    spec = resolve_formats([format_name], ())[0] if format_name else None
+    if block is None and tile is None and per is None:
+        per = Granularity.TENSOR
+    base = build_scheme(format=spec, block=block, tile=tile, per=per, axis=axis)
+    sources = load_inputs(files, keys) if files else [example_tensor()]
+    result = search_scales(sources, base, metric, history=history,
+                           first_axis=over_first_axis, seed=seed, workers=workers)
+    emit(json_out, result, "render_scale_search")
 
 
 def main() -> None:

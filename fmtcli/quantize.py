@@ -14,6 +14,7 @@ the number of workers nor on their timing.  Histograms (integers) merge exactly 
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from collections.abc import Callable
 
@@ -89,8 +90,11 @@ class ChunkReader:
         self.dtype = np.float64 if self.array.dtype == np.float64 else np.float32
         arr = self.array
         self.path = None
-        if (isinstance(arr, np.memmap) and arr.flags.c_contiguous
-                and getattr(arr, "filename", None) and hasattr(os, "preadv")):
+        # only the map itself (its base is the mmap): a view or slice of it keeps the map's
+        # offset attribute but starts elsewhere in the file
+        if (isinstance(arr, np.memmap) and isinstance(arr.base, mmap.mmap)
+                and arr.flags.c_contiguous and getattr(arr, "filename", None)
+                and hasattr(os, "preadv")):
             self.path, self.offset, self.source_dtype = arr.filename, arr.offset, arr.dtype
         self.fd = None
         self.fd_pid = None
@@ -202,6 +206,28 @@ def histogram_percentile(counts: np.ndarray, q: float) -> float:
     rank = max(1, math.ceil(q / 100 * total))
     index = int(np.searchsorted(np.cumsum(finite), rank))
     return float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
+
+
+def tensor_amax(source: TensorSource, *, chunk_elements: int = CHUNK_ELEMENTS,
+                workers: int | None = None) -> float:
+    """max |x| of a tensor, streamed (NaN if it holds NaN)."""
+    workers = default_workers() if workers is None else workers
+    reader = ChunkReader(source)
+    try:
+        rows, cols = matrix_shape(source.shape)
+        chunks = chunk_slices(rows, cols, [], chunk_elements)
+        workers = max(1, min(workers, len(chunks)))
+        partial = shared_array((workers,), np.float32)
+
+        def task(index: int, worker: int) -> int:
+            x = reader.read(*chunks[index])
+            partial[worker] = max(partial[worker], tile_amax(x, *x.shape)[0, 0])
+            return x.size
+
+        run_tasks(task, len(chunks), workers)
+    finally:
+        reader.close()
+    return float(partial.max())
 
 
 def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 0,

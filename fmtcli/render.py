@@ -62,6 +62,9 @@ def percent_text(rel: float | None) -> str:
         return "inf"
     if rel == 0:
         return "0"
+    if 0.999 < rel < 1:  # enough digits not to round to 100%
+        decimals = math.ceil(-math.log10(1 - rel)) - 1
+        return f"{rel * 100:.{decimals}f}%"
     return f"{rel * 100:.3g}%"
 
 
@@ -226,3 +229,143 @@ def _add_skipped_caption(table: Table, result) -> None:
     if skipped:
         names = ", ".join(f"{t.tensor['key'] or t.tensor['source']} ({t.skipped})" for t in skipped)
         table.caption = f"{table.caption}\nskipped: {names}"
+
+
+# -- fmt scale-search ----------------------------------------------------------------------
+
+def _scale_cell(candidate: dict) -> str:
+    if candidate["scale"] is not None:
+        return value_text(candidate["scale"], 5)
+    scales = candidate["scales"]
+    if scales["min"] is None:
+        return "NaN"
+    return f"{value_text(scales['min'], 3)} .. {value_text(scales['max'], 3)}"
+
+
+def render_scale_search(result) -> Table:
+    """One row per candidate rule; the best by the chosen metric marked."""
+    data = result.to_dict()
+    delayed = any("overflow_steps" in c for c in data["candidates"])
+    caption = (f"x_q = cast(x * scale) / scale; best by {data['metric']}; "
+               f"{data['steps']} tensor(s)")
+    for note in data["notes"]:
+        caption += f"\n{note}"
+    for c in data["candidates"]:
+        if c["note"]:
+            caption += f"\n{c['name']}: {c['note']}"
+    table = Table(title=f"Scale rules for {data['format']}, one scale per "
+                        f"{_granularity_text(data['scheme'])}", title_justify="left",
+                  caption=caption, caption_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("rule")
+    for header in ("scale", "flushed", "saturated", "median rel", "p99 rel", "SQNR", "MSE"):
+        table.add_column(header, justify="right", no_wrap=True)
+    if delayed:
+        table.add_column("overflow steps", justify="right")
+    table.add_column("")
+    for c in data["candidates"]:
+        best = c["name"] == data["best"]
+        sqnr = c["sqnr_db"]
+        cells = [Text(c["name"], style="bold" if best else ""), _scale_cell(c),
+                 percent_text(c["flushed_fraction"]), percent_text(c["saturated_fraction"]),
+                 percent_text(c["median_rel_error"]), percent_text(c["p99_rel_error"]),
+                 f"{sqnr:.1f} dB" if math.isfinite(sqnr) else value_text(sqnr),
+                 value_text(c["mse"], 3)]
+        if delayed:
+            cells.append(f"{c['overflow_steps']}/{c['steps']}" if "overflow_steps" in c else "")
+        cells.append(Text("<- best", style="bold green") if best else "")
+        table.add_row(*cells)
+    return table
+
+
+def _granularity_text(scheme: dict) -> str:
+    g = scheme["granularity"]
+    if g == "block":
+        return f"block of {scheme['block']}" + (" (axis 0)" if scheme["axis"] == 0 else "")
+    if g == "tile":
+        return f"{scheme['tile'][0]}x{scheme['tile'][1]} tile"
+    return g
+
+
+def render_loss_scale(result, histogram: bool = False):
+    """The sweep: one row per loss scale, safe ones and the recommendations marked."""
+    from rich.console import Group
+
+    data = result.to_dict()
+    best_safe = data["best_safe"]["log2_scale"] if data["best_safe"] else None
+    most = data["most_kept"]["log2_scale"]
+    scaler = data["grad_scaler"]["settles_at_log2"]
+    table = Table(title=f"Loss scales for {data['format']}: g_q = cast(g * S) / S, "
+                        f"{data['nonzero']:,} nonzero gradients", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for header in ("S", "flushed", "subnormal", "overflow", "kept", ""):
+        table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
+    for row in data["scales"]:
+        e = row["log2_scale"]
+        marks = []
+        if e == best_safe:
+            marks.append("best without overflow")
+        if e == most and e != best_safe:
+            marks.append("keeps the most")
+        if e == scaler:
+            marks.append("GradScaler settles")
+        style = "" if row["overflow"] == 0 else "red"
+        table.add_row(Text(f"2^{e}", style=style), percent_text(row["flushed_fraction"]),
+                      percent_text(row["subnormal_fraction"]),
+                      Text(percent_text(row["overflow_fraction"]), style=style),
+                      percent_text(row["kept_fraction"]),
+                      Text(", ".join(marks), style="bold green" if marks else ""))
+    safe = data["safe_range"]
+    g = data["grad_scaler"]
+    lines = ["safe scales (no overflow): "
+             + (f"2^{int(math.log2(safe['min']))} .. 2^{int(math.log2(safe['max']))}"
+                if safe else "none in 2^0 .. 2^32"),
+             f"keeps the most: 2^{most} ({percent_text(data['most_kept']['kept_fraction'])} "
+             f"kept)"]
+    if g["settles_at_log2"] is not None:
+        lines.append(f"torch.amp.GradScaler (start 2^16, x2 after 2000 clean steps, x0.5 on "
+                     f"overflow) settles at 2^{g['settles_at_log2']} after about "
+                     f"{g['steps_to_settle']:,} steps"
+                     + (" (the top of the sweep)" if g["capped_at_sweep"] else ""))
+    parts = [table, Text("\n".join(lines))]
+    if histogram:
+        parts.append(render_log2_histogram(data, best_safe))
+    return Group(*parts)
+
+
+def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
+    """Bars of log2|g| per binade, each binade's region in the format at S = 1 and at the
+    recommended scale: flush, subnormal, normal, overflow."""
+    t = data["thresholds"]
+    bins = data["log2_histogram"]
+    total = sum(b["count"] for b in bins) or 1
+    peak = max((b["count"] for b in bins), default=1)
+    shift = scale_log2 or 0
+
+    def region(k: int, s: int) -> str:
+        low = 2.0 ** (k + s)  # the binade [2^k, 2^(k+1)) scaled by 2^s
+        high = 2.0 ** (k + s + 1)
+        if high <= t["kept"]:
+            return "flush"
+        if low >= t["overflow"]:
+            return "overflow"
+        if high <= t["normal"]:
+            return "subnormal"
+        if low >= t["normal"] and high <= t["overflow"]:
+            return "normal"
+        return "mixed"
+
+    styles = {"flush": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta",
+              "mixed": "default"}
+    table = Table(title="log2|g| per binade", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("log2|g|", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("", no_wrap=True)
+    table.add_column("at S = 1")
+    table.add_column(f"at S = 2^{shift}")
+    for b in bins:
+        k, n = b["log2"], b["count"]
+        bar = "█" * max(1, round(30 * n / peak))
+        here, there = region(k, 0), region(k, shift)
+        table.add_row(str(k), percent_text(n / total), bar, Text(here, style=styles[here]),
+                      Text(there, style=styles[there]))
+    return table

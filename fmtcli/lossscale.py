@@ -1,0 +1,240 @@
+"""Which loss scale?  Sweep loss scales 2**0 .. 2**32 over gradient tensors.
+
+Loss scaling multiplies the loss, hence every gradient, by S before the backward pass and
+divides by S before the update (Micikevicius et al., 2018, §3.2): ``g_q = cast(g * S) / S``.
+For each S this counts, over the nonzero finite gradients, how many flush to zero, land in
+the format's subnormal range, or overflow (inf/NaN).
+
+The counts are exact: the thresholds where the format's rounding changes a value's fate
+(smallest value that survives, smallest that rounds to a normal, smallest that overflows)
+are found by bisection over float32 with the rounding engine itself.  Because S = 2**e,
+``|g| * 2**e >= T`` exactly when ``e >= e*(g) = e_T - e_g + (m_g < m_T)`` (frexp mantissas
+m and exponents of |g| and T), so one pass per threshold bins every gradient by the first
+scale at which it crosses, and cumulative sums give the counts for all 33 scales at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UsageError
+from .formats import FormatSpec
+from .parallel import default_workers, run_tasks, shared_array
+from .quantize import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
+from .rounding import OverflowPolicy, RoundingMode, round_to_format
+from .tensors import TensorSource
+
+EXPONENTS = tuple(range(0, 33))
+GRAD_SCALER = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
+               "growth_interval": 2000}
+LOG2_LOW, LOG2_HIGH = -160, 130  # histogram range of floor(log2 |g|), float64 covered
+
+
+def _first_true(predicate, low: np.float32, high: np.float32) -> float:
+    """Smallest positive float32 v in (low, high] with predicate(v), by bisection on the
+    bit patterns (predicate must be monotone: False below, True from some value on)."""
+    lo, hi = int(np.float32(low).view(np.uint32)), int(np.float32(high).view(np.uint32))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if predicate(np.uint32(mid).view(np.float32)):
+            hi = mid
+        else:
+            lo = mid
+    return float(np.uint32(hi).view(np.float32))
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where the format's nearest-even rounding changes a positive value's fate (float32)."""
+
+    kept: float  # smallest value that does not flush to zero
+    normal: float  # smallest value that rounds to a normal value
+    overflow: float  # smallest value that becomes inf/NaN (math.inf if nothing does)
+
+    @classmethod
+    def of(cls, spec: FormatSpec, overflow: OverflowPolicy = OverflowPolicy.IEEE) -> Thresholds:
+        def rounds(v):
+            return float(round_to_format(np.array([v], np.float32), spec,
+                                         RoundingMode.NEAREST_EVEN, overflow)[0])
+
+        tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+        top = np.float32(np.finfo(np.float32).max)
+        kept = _first_true(lambda v: rounds(v) != 0, np.float32(0), top)
+        normal = _first_true(lambda v: rounds(v) >= spec.smallest_normal, tiny, top)
+        if math.isfinite(rounds(top)):
+            over = math.inf
+        else:
+            over = _first_true(lambda v: not math.isfinite(rounds(v)), tiny, top)
+        return cls(kept, normal, over)
+
+
+@dataclass(frozen=True)
+class ScaleRow:
+    exponent: int
+    flushed: int
+    subnormal: int
+    overflow: int
+    nonzero: int
+
+    @property
+    def scale(self) -> float:
+        return 2.0 ** self.exponent
+
+    def to_dict(self) -> dict:
+        n = max(self.nonzero, 1)
+        kept = self.nonzero - self.flushed - self.overflow
+        return {"scale": self.scale, "log2_scale": self.exponent,
+                "flushed": self.flushed, "flushed_fraction": self.flushed / n,
+                "subnormal": self.subnormal, "subnormal_fraction": self.subnormal / n,
+                "overflow": self.overflow, "overflow_fraction": self.overflow / n,
+                "kept_fraction": kept / n}
+
+
+@dataclass(frozen=True)
+class LossScaleResult:
+    format: str
+    thresholds: Thresholds
+    nonzero: int
+    count: int
+    rows: tuple[ScaleRow, ...]
+    log2_histogram: dict  # floor(log2|g|) -> count, nonzero finite gradients
+    tensors: tuple[dict, ...]
+
+    @property
+    def safe(self) -> list[ScaleRow]:
+        return [r for r in self.rows if r.overflow == 0]
+
+    @property
+    def most_kept(self) -> ScaleRow:
+        """The scale that keeps the most gradients (fewest flushed or overflowed); the
+        smallest such scale on ties (most headroom)."""
+        return min(self.rows, key=lambda r: (r.flushed + r.overflow, r.exponent))
+
+    @property
+    def best_safe(self) -> ScaleRow | None:
+        """The scale without overflow that keeps the most gradients (a single overflow makes
+        a mixed-precision step be skipped)."""
+        safe = self.safe
+        return min(safe, key=lambda r: (r.flushed, r.exponent)) if safe else None
+
+    def grad_scaler(self) -> dict:
+        """Where torch.amp.GradScaler's defaults settle for this tensor seen every step:
+        from 2**16 it halves on each overflowing step and doubles after 2000 clean ones, so
+        it ends at the largest scale without overflow (then keeps probing twice that and
+        backing off every 2000 steps)."""
+        start = int(math.log2(GRAD_SCALER["init_scale"]))
+        by_exponent = {r.exponent: r for r in self.rows}
+        clean = [e for e in by_exponent if by_exponent[e].overflow == 0]
+        if not clean:
+            settle = None  # below 2**0: overflows at every scale swept
+        elif min(clean) > start:
+            settle = min(clean)
+        else:
+            settle = start
+            while settle in by_exponent and by_exponent[settle].overflow:  # backs off
+                settle -= 1
+            while settle + 1 in by_exponent and not by_exponent[settle + 1].overflow:  # grows
+                settle += 1
+        steps = None
+        if settle is not None:
+            growth = max(0, settle - start) * GRAD_SCALER["growth_interval"]
+            steps = growth + max(0, start - settle)  # each backoff costs one skipped step
+        out = dict(GRAD_SCALER)
+        out.update({"settles_at": None if settle is None else 2.0 ** settle,
+                    "settles_at_log2": settle, "steps_to_settle": steps,
+                    "capped_at_sweep": settle == max(by_exponent) if settle is not None
+                    else False})
+        return out
+
+    def to_dict(self) -> dict:
+        safe = self.safe
+        best_safe = self.best_safe
+        return {
+            "format": self.format, "count": self.count, "nonzero": self.nonzero,
+            "thresholds": {"kept": self.thresholds.kept, "normal": self.thresholds.normal,
+                           "overflow": self.thresholds.overflow},
+            "scales": [r.to_dict() for r in self.rows],
+            "safe_range": {"min": safe[0].scale, "max": safe[-1].scale} if safe else None,
+            "most_kept": self.most_kept.to_dict(),
+            "best_safe": None if best_safe is None else best_safe.to_dict(),
+            "grad_scaler": self.grad_scaler(),
+            "log2_histogram": [{"log2": k, "count": v}
+                               for k, v in sorted(self.log2_histogram.items())],
+            "tensors": list(self.tensors),
+        }
+
+
+def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
+                      exponents=EXPONENTS, chunk_elements: int = CHUNK_ELEMENTS,
+                      workers: int | None = None) -> LossScaleResult:
+    """Counts of flushed / subnormal / overflowing nonzero gradients for every 2**e."""
+    if not spec.has_zero:
+        raise UsageError(f"{spec.name} has no zero: loss scaling asks what flushes to zero")
+    thresholds = Thresholds.of(spec)
+    exps = np.array(exponents, dtype=np.int64)
+    if exps.size == 0 or np.any(np.diff(exps) != 1):
+        raise UsageError("loss-scale exponents must be consecutive integers")
+    low, span = int(exps[0]), len(exps) + 1  # first-crossing bins: low .. high, then "never"
+    limits = [thresholds.kept, thresholds.normal, thresholds.overflow]
+    workers = default_workers() if workers is None else workers
+    usable = [s for s in sources if s.skipped is None]
+    n_bins = LOG2_HIGH - LOG2_LOW + 1
+    totals = np.zeros((len(exps), 3), np.int64)  # flushed, subnormal, overflow per scale
+    histogram = np.zeros(n_bins, np.int64)
+    nonzero = count = 0
+    for source in usable:
+        reader = ChunkReader(source)
+        try:
+            rows, cols = matrix_shape(source.shape)
+            chunks = chunk_slices(rows, cols, [], chunk_elements)
+            w = max(1, min(workers, len(chunks)))
+            counts = shared_array((w, 3, span), np.int64)
+            hist = shared_array((w, n_bins), np.int64)
+            sizes = shared_array((w, 2), np.int64)
+
+            def task(index: int, worker: int, reader=reader, chunks=chunks, counts=counts,
+                     hist=hist, sizes=sizes) -> int:
+                x = reader.read(*chunks[index]).reshape(-1)
+                a = np.abs(x[np.isfinite(x) & (x != 0)]).astype(np.float64)
+                sizes[worker] += (x.size, a.size)
+                mantissa, exponent = np.frexp(a)
+                for k, limit in enumerate(limits):
+                    if not math.isfinite(limit):
+                        continue  # nothing overflows at any scale
+                    m_t, e_t = math.frexp(limit)
+                    first = e_t - exponent + (mantissa < m_t)  # first e with |g| 2**e >= T
+                    np.clip(first - low, 0, span - 1, out=first)
+                    counts[worker, k] += np.bincount(first, minlength=span)
+                hist[worker] += np.bincount(exponent - 1 - LOG2_LOW, minlength=n_bins)
+                return x.size
+
+            run_tasks(task, len(chunks), w)
+        finally:
+            reader.close()
+        crossed = np.cumsum(counts.sum(axis=0), axis=1)[:, :len(exps)]  # crossed by 2**e
+        usable_n = int(sizes[:, 1].sum())
+        totals += np.stack([usable_n - crossed[0], crossed[0] - crossed[1], crossed[2]], axis=1)
+        histogram += hist.sum(axis=0)
+        count += int(sizes[:, 0].sum())
+        nonzero += int(sizes[:, 1].sum())
+    rows = tuple(ScaleRow(int(e), int(f), int(s), int(o), nonzero)
+                 for e, (f, s, o) in zip(exps, totals))
+    hist = {int(i + LOG2_LOW): int(c) for i, c in enumerate(histogram) if c}
+    return LossScaleResult(spec.name, thresholds, nonzero, count, rows, hist,
+                           tuple(s.to_dict() for s in usable))
+
+
+def example_gradients(seed: int = 0) -> TensorSource:
+    """A synthetic gradient tensor in the spirit of Micikevicius et al. (2018), Fig. 3: 2**20
+    values whose log2|g| is normal with mean -27 and deviation 5 (random signs), so about
+    three quarters lie below FP16's smallest subnormal (2**-24) and vanish without loss
+    scaling, while the largest come within a factor 2**16 of FP16's max, so the largest loss
+    scales overflow."""
+    rng = np.random.default_rng(seed)
+    log2 = rng.normal(-27.0, 5.0, 1 << 20)
+    sign = np.where(rng.random(1 << 20) < 0.5, -1.0, 1.0)
+    data = (sign * np.exp2(log2)).astype(np.float32)
+    return TensorSource("<built-in gradients>", None, data.shape, "float32", lambda: data)
