@@ -63,7 +63,7 @@ def percent_text(rel: float | None) -> str:
     if rel == 0:
         return "0"
     if 0.999 < rel < 1:  # enough digits not to round to 100%
-        decimals = math.ceil(-math.log10(1 - rel)) - 1
+        decimals = math.ceil(-math.log10(1 - rel)) - 2
         return f"{rel * 100:.{decimals}f}%"
     return f"{rel * 100:.3g}%"
 
