@@ -17,6 +17,8 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
+from .backends import Backend, Device
+from .conformance import check_backends
 from .errors import FmtError, UsageError
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
@@ -69,6 +71,13 @@ OverflowOption = Annotated[OverflowPolicy, typer.Option(
     "--overflow", case_sensitive=False,
     help="Beyond max: 'ieee' gives inf (or NaN where the format has no inf), "
          "'saturate' clips to +-max.")]
+BackendOption = Annotated[Backend, typer.Option(
+    "--backend", case_sensitive=False,
+    help="Whose cast stores the values: fmtcli's numpy engine, ml_dtypes, or torch's dtypes "
+         "(nearest-even, the backend's own overflow behaviour); auto: the engine, or torch "
+         "with --device cuda.")]
+DeviceOption = Annotated[Device, typer.Option(
+    "--device", case_sensitive=False, help="Device of the torch backend.")]
 SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of stochastic rounding.")]
 
 
@@ -186,6 +195,8 @@ def underflow_command(
     rounding: RoundingOption = RoundingMode.NEAREST_EVEN,
     overflow: OverflowOption = OverflowPolicy.IEEE,
     seed: SeedOption = 0,
+    backend: BackendOption = Backend.NUMPY,
+    device: DeviceOption = Device.CPU,
     json_out: JsonOption = False,
 ) -> None:
     """Will a value survive? What each format stores of it, with and without a scale.
@@ -199,7 +210,7 @@ def underflow_command(
     parsed = parse_values(values)
     scales = parse_values(scale or [])
     specs = resolve_formats(format_names, ARTICLE_FORMATS)
-    result = underflow_table(parsed, specs, scales, rounding, overflow, seed)
+    result = underflow_table(parsed, specs, scales, rounding, overflow, seed, backend, device)
     emit(json_out, result, "render_underflow")
 
 
@@ -283,6 +294,8 @@ def quantize_command(
         "or .npz/.safetensors (codes and scales).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
     seed: SeedOption = 0,
+    backend: BackendOption = Backend.AUTO,
+    device: DeviceOption = Device.CPU,
     chunk: Annotated[int, typer.Option(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,
@@ -313,7 +326,7 @@ def quantize_command(
     progress = StderrProgress("quantizing")
     try:
         result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
-                          progress=progress, out=out)
+                          progress=progress, out=out, backend=backend, device=device)
     finally:
         progress.close()
     for tensor in result.tensors:
@@ -357,6 +370,8 @@ def scale_search_command(
     keys: Annotated[Optional[list[str]], typer.Option(
         "--key", metavar="NAME", help="Only these tensors of a checkpoint.")] = None,
     seed: SeedOption = 0,
+    backend: BackendOption = Backend.AUTO,
+    device: DeviceOption = Device.CPU,
     workers: Annotated[Optional[int], typer.Option(
         "--workers", min=1, help="Worker processes.", show_default=False)] = None,
     json_out: JsonOption = False,
@@ -375,7 +390,8 @@ def scale_search_command(
     if loss_scale:
         spec = resolve_formats([format_name or "float16"], ())[0]
         sources = load_inputs(files, keys) if files else [example_gradients()]
-        result = sweep_loss_scales(sources, spec, workers=workers)
+        result = sweep_loss_scales(sources, spec, workers=workers, backend=backend,
+                                   device=device)
         if json_out:
             emit(True, result, "")
         else:
@@ -389,8 +405,31 @@ def scale_search_command(
     base = build_scheme(format=spec, block=block, tile=tile, per=per, axis=axis)
     sources = load_inputs(files, keys) if files else [example_tensor()]
     result = search_scales(sources, base, metric, history=history,
-                           first_axis=over_first_axis, seed=seed, workers=workers)
+                           first_axis=over_first_axis, seed=seed, workers=workers,
+                           backend=backend, device=device)
     emit(json_out, result, "render_scale_search")
+
+
+@app.command("check-backends")
+@handle_errors
+def check_backends_command(
+    formats: Annotated[Optional[list[str]], typer.Argument(
+        metavar="FORMAT", help="Formats to check.  Default: every registered format.",
+        show_default=False)] = None,
+    format_names: Annotated[Optional[list[str]], typer.Option(
+        "--format", metavar="F", help="Formats to check (repeatable or a comma list).")] = None,
+    seed: SeedOption = 0,
+    json_out: JsonOption = False,
+) -> None:
+    """Can I trust this cast? ml_dtypes and torch (CPU, CUDA) against fmtcli's engine.
+
+    Every float16 and bfloat16 bit pattern, the format's own code points, random float32
+    over all binades, ties and their neighbours, subnormals, overflow, +-0, +-inf and NaN;
+    mismatches by class, with NaN payload differences told apart from real ones.
+    """
+    names = (formats or []) + (format_names or [])
+    specs = resolve_formats(names, ()) if names else list(REGISTRY.values())
+    emit(json_out, check_backends(specs, seed), "render_conformance")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backends import Backend, Device, cast
 from .formats import Specials
 from .metrics import ErrorAccumulator
 from .rounding import (
@@ -114,10 +115,12 @@ def _positions(origin: tuple[int, int, int], padded: tuple[int, int], shape4) ->
 class ChunkKernel:
     """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
 
-    def __init__(self, plan: Plan, seed: int) -> None:
+    def __init__(self, plan: Plan, seed: int, backend: Backend = Backend.NUMPY,
+                 device: Device = Device.CPU) -> None:
         self.plan = plan
         self.spec = plan.scheme.format
         self.seed = seed
+        self.backend, self.device = backend, device
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
         self.two_level = plan.scheme.scale_format is ScaleFormat.E4M3_FP32
@@ -171,16 +174,23 @@ class ChunkKernel:
         xs = np.multiply(xp.reshape(shape4), s4)
         flat = xs.reshape(-1)
         with np.errstate(invalid="ignore", over="ignore"):
-            if self.fast and flat.dtype == np.float32:
+            if self.backend is not Backend.NUMPY:  # the cast of ml_dtypes or torch itself
+                r = cast(flat, spec, self.backend, self.device)
+                # beyond max as the engine counts it: what nearest-even puts past max
+                past = np.flatnonzero(np.abs(flat) > spec.max)
+                ub = round_unbounded(flat[past], spec, RoundingMode.NEAREST_EVEN)
+                counts = {"beyond": int(np.count_nonzero(np.abs(ub) > spec.max))}
+            elif self.fast and flat.dtype == np.float32:
                 r = round_float32_nearest_even(flat, spec)
             else:
                 rng = None
                 if scheme.rounding is RoundingMode.STOCHASTIC:
                     rng = PositionalUniform(self.seed, _positions(origin, xp.shape, shape4))
                 r = round_unbounded(flat, spec, scheme.rounding, rng)
-            counts: dict = {"beyond": 0}
-            if not (in_range and plain):  # values beyond max, or the format's special rules
-                r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
+            if self.backend is Backend.NUMPY:
+                counts = {"beyond": 0}
+                if not (in_range and plain):  # values beyond max, or the format's own rules
+                    r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
         saturated = overflowed = 0
         if counts["beyond"]:
             became = (int(np.count_nonzero(~np.isfinite(r)))

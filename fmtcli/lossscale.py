@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backends import Backend, Device, cast, resolve
 from .errors import UsageError
 from .formats import FormatSpec
 from .parallel import default_workers, run_tasks, shared_array
@@ -55,10 +56,13 @@ class Thresholds:
     overflow: float  # smallest value that becomes inf/NaN (math.inf if nothing does)
 
     @classmethod
-    def of(cls, spec: FormatSpec, overflow: OverflowPolicy = OverflowPolicy.IEEE) -> Thresholds:
+    def of(cls, spec: FormatSpec, overflow: OverflowPolicy = OverflowPolicy.IEEE,
+           backend: Backend = Backend.NUMPY, device: Device = Device.CPU) -> Thresholds:
         def rounds(v):
-            return float(round_to_format(np.array([v], np.float32), spec,
-                                         RoundingMode.NEAREST_EVEN, overflow)[0])
+            x = np.array([v], np.float32)
+            if backend is not Backend.NUMPY:
+                return float(cast(x, spec, backend, device)[0])
+            return float(round_to_format(x, spec, RoundingMode.NEAREST_EVEN, overflow)[0])
 
         tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
         top = np.float32(np.finfo(np.float32).max)
@@ -169,11 +173,13 @@ class LossScaleResult:
 
 def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
                       exponents=EXPONENTS, chunk_elements: int = CHUNK_ELEMENTS,
-                      workers: int | None = None) -> LossScaleResult:
-    """Counts of flushed / subnormal / overflowing nonzero gradients for every 2**e."""
+                      workers: int | None = None, backend: Backend | str = Backend.NUMPY,
+                      device: Device | str = Device.CPU) -> LossScaleResult:
+    """Counts of flushed / subnormal / overflowing nonzero gradients for every 2**e (the
+    thresholds from ``backend``'s cast: torch's saturating FP8 casts never overflow)."""
     if not spec.has_zero:
         raise UsageError(f"{spec.name} has no zero: loss scaling asks what flushes to zero")
-    thresholds = Thresholds.of(spec)
+    thresholds = Thresholds.of(spec, OverflowPolicy.IEEE, *resolve(backend, device, spec))
     exps = np.array(exponents, dtype=np.int64)
     if exps.size == 0 or np.any(np.diff(exps) != 1):
         raise UsageError("loss-scale exponents must be consecutive integers")

@@ -20,12 +20,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .backends import Backend, Device, resolve
 from .errors import DataError, UsageError
 from .kernel import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
 from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
 from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
+from .rounding import RoundingMode
 from .scaling import ScaleRule
 from .schemes import ScaleFormat, Scheme, for_tensor
 from .tensors import TensorSource
@@ -233,7 +235,8 @@ def tensor_amax(source: TensorSource, *, chunk_elements: int = CHUNK_ELEMENTS,
 def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 0,
                     chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
                     progress: Progress | None = None, keep: int | None = None,
-                    keep_mode: str = "values", sink: Callable | None = None):
+                    keep_mode: str = "values", sink: Callable | None = None,
+                    backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU):
     """Quantize one tensor under every scheme.
 
     Returns a list of (scheme as applied, accumulator, scale summary) and, with ``keep`` (a
@@ -243,16 +246,23 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     ``parallel.shared_array``).
     """
     workers = default_workers() if workers is None else workers
+    casts = [resolve(backend, device, s.format, source.size) for s in schemes]
+    if any(b is not Backend.NUMPY for b, _ in casts):
+        workers = 1  # torch's thread pools and CUDA do not survive a fork
+        for scheme, (b, _) in zip(schemes, casts):
+            if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
+                raise UsageError(f"the {b.value} backend rounds to nearest-even only",
+                                 "use --backend numpy for other rounding modes")
     reader = ChunkReader(source)
     try:
         return _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers,
-                                progress, keep, keep_mode, sink)
+                                progress, keep, keep_mode, sink, casts)
     finally:
         reader.close()
 
 
 def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, progress, keep,
-                     keep_mode, sink):
+                     keep_mode, sink, casts):
     rows, cols = matrix_shape(source.shape)
     plans = plan_schemes(source, schemes)
     chunks = chunk_slices(rows, cols, plans, chunk_elements)
@@ -263,7 +273,7 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         _first_pass(reader, chunks, plans, workers,
                     (lambda done: progress(done, total)) if progress else None)
         offset = rows * cols
-    kernels = [ChunkKernel(p, seed) for p in plans]
+    kernels = [ChunkKernel(p, seed, b, d) for p, (b, d) in zip(plans, casts)]
     packed = len(ErrorAccumulator.PACKED)
     records = shared_array((len(chunks), len(plans), packed), np.float64)
     n_workers = max(1, min(workers, len(chunks)))
@@ -311,14 +321,16 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
 def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 0,
              chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
              progress: Progress | None = None, out: str | None = None,
-             out_scheme: int = -1) -> QuantizeResult:
+             out_scheme: int = -1, backend: Backend | str = Backend.NUMPY,
+             device: Device | str = Device.CPU) -> QuantizeResult:
     """Quantize every usable tensor under every scheme; with several tensors, a total.
 
     ``progress(done, total)`` counts elements read over all tensors (a tensor with a
     per-tensor or per-column scheme is read twice).  ``out``: a path checked beforehand with
     ``output.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
     (``.npy``: dequantized values of the single tensor; ``.npz``/``.safetensors``: codes and
-    scales of every tensor).
+    scales of every tensor).  ``backend``/``device``: whose cast stores the scaled values
+    (``backends``; torch runs in this process, one chunk at a time).
     """
     keep_freed_memory()
     usable = [s for s in sources if s.skipped is None]
@@ -357,7 +369,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
             per_scheme, kept = quantize_tensor(
                 source, schemes, seed=seed, chunk_elements=chunk_elements, workers=workers,
                 progress=tensor_progress, keep=keep, keep_mode="values" if to_npy else "codes",
-                sink=sink)
+                sink=sink, backend=backend, device=device)
         except BaseException:
             if writer is not None:
                 writer.abort()

@@ -369,3 +369,38 @@ def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
         table.add_row(str(k), percent_text(n / total), bar, Text(here, style=styles[here]),
                       Text(there, style=styles[there]))
     return table
+
+
+# -- fmt check-backends --------------------------------------------------------------------
+
+def render_conformance(result) -> Table:
+    """One row per (format, backend): agreement, then each mismatch class with an example."""
+    table = Table(title="Backends against fmtcli's engine (nearest-even, IEEE overflow)",
+                  title_justify="left", box=box.SIMPLE_HEAD,
+                  caption="kinds: value = a real difference; nan_payload = both NaN, other "
+                          "bits; sign_of_zero = +0 against -0", caption_justify="left")
+    for header in ("format", "backend", "inputs", "verdict", "class", "kind", "count",
+                   "example: input -> engine | backend"):
+        table.add_column(header, justify="right" if header in ("inputs", "count") else "left")
+    for report in result.reports:
+        d = report.to_dict()
+        if d["error"]:
+            verdict = Text(d["error"], style="dim" if d["backend"] == "-" else "bold red")
+            table.add_row(d["format"], d["backend"], f"{d['inputs']:,}", verdict)
+            table.add_section()
+            continue
+        verdict = Text("agrees", style="green") if d["agrees"] else Text(
+            f"{d['value_mismatches']:,} differ", style="bold red")
+        head = [d["format"], f"{d['backend']} ({d['device']})", f"{d['inputs']:,}", verdict]
+        if not d["mismatches"]:
+            table.add_row(*head, "-", "", "", "")
+        for i, m in enumerate(d["mismatches"]):
+            e = m["examples"][0]
+            example = (f"{value_text(e['input'], 6)} -> {value_text(e['reference'], 6)} | "
+                       f"{value_text(e['backend'], 6)}")
+            cells = head if i == 0 else ["", "", "", ""]
+            style = "red" if m["kind"] == "value" else "dim"
+            table.add_row(*cells, m["class"], Text(m["kind"], style=style), f"{m['count']:,}",
+                          example)
+        table.add_section()
+    return table

@@ -24,6 +24,7 @@ from enum import Enum
 
 import numpy as np
 
+from .backends import Backend, Device
 from .errors import UsageError
 from .metrics import ErrorAccumulator
 from .quantize import quantize, quantize_tensor, tensor_amax
@@ -191,13 +192,14 @@ def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: 
 
 def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Metric.MSE, *,
                   history: int = HISTORY, first_axis: bool = False, seed: int = 0,
-                  chunk_elements: int | None = None, workers: int | None = None
+                  chunk_elements: int | None = None, workers: int | None = None,
+                  backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU
                   ) -> ScaleSearchResult:
     """Evaluate every candidate rule for ``base``'s format and granularity; the best by
     ``metric`` (ties: the first listed)."""
     if history < 1:
         raise UsageError(f"--history must be >= 1, got {history}")
-    options = {"seed": seed, "workers": workers}
+    options = {"seed": seed, "workers": workers, "backend": backend, "device": device}
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements
     steps = sequence_of(sources, first_axis)

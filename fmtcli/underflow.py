@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backends import Backend, Device, cast, resolve
 from .errors import UsageError
 from .fates import FATES, Fate, classify, classify_scaled, relative_error
 from .formats import FormatSpec
@@ -83,18 +84,24 @@ class UnderflowResult:
 
 
 def store(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode, overflow: OverflowPolicy,
-          rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Round float64 ``x`` into ``spec``: (stored values, relative errors, fate indices)."""
+          rng: np.random.Generator | None, backend: Backend = Backend.NUMPY,
+          device: Device = Device.CPU) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Round float64 ``x`` into ``spec``: (stored values, relative errors, fate indices).
+    Another backend stores the values with its own cast (nearest-even, its own overflow)."""
     with np.errstate(invalid="ignore", over="ignore"):
         unbounded = round_unbounded(x, spec, rounding, rng)
-        stored = apply_range(x, unbounded.copy(), spec, rounding, overflow)
+        if backend is Backend.NUMPY:
+            stored = apply_range(x, unbounded.copy(), spec, rounding, overflow)
+        else:
+            stored = cast(x, spec, backend, device).astype(np.float64)
     return stored, relative_error(x, stored), classify(x, unbounded, stored, spec)
 
 
 def underflow_table(values: list[float], formats: list[FormatSpec], scales: list[float] = (),
                     rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
                     overflow: OverflowPolicy = OverflowPolicy.IEEE,
-                    seed: int = 0) -> UnderflowResult:
+                    seed: int = 0, backend: Backend | str = Backend.NUMPY,
+                    device: Device | str = Device.CPU) -> UnderflowResult:
     """Store each value in each format, unscaled and under each scale.
 
     Returns one row per (value, format, scale); with no scales, one row per (value, format)
@@ -114,13 +121,17 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:
         rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
-        stored, rel, fate = store(x, spec, rounding, overflow, rng)
+        chosen = resolve(backend, device, spec)
+        if chosen[0] is not Backend.NUMPY and RoundingMode(rounding) is not \
+                RoundingMode.NEAREST_EVEN:
+            raise UsageError(f"the {chosen[0].value} backend rounds to nearest-even only")
+        stored, rel, fate = store(x, spec, rounding, overflow, rng, *chosen)
         plain = [Stored(float(s), float(r), FATES[f]) for s, r, f in zip(stored, rel, fate)]
         per_scale = []
         for scale in scales:
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 scaled = x * scale
-                s_stored, s_rel, s_fate = store(scaled, spec, rounding, overflow, rng)
+                s_stored, s_rel, s_fate = store(scaled, spec, rounding, overflow, rng, *chosen)
                 recovered = s_stored / scale
             per_scale.append((scale, scaled, s_stored, s_rel, classify_scaled(x, scaled, s_fate),
                               recovered, relative_error(x, recovered)))

@@ -1,0 +1,129 @@
+"""Cast backends: fmtcli's own numpy engine, ml_dtypes, and torch's dtypes on CPU or CUDA.
+
+``cast(x, spec, backend, device)`` stores every element of x in the format and returns the
+values (as float32 for float32 input, float64 for float64), so results of different
+backends compare element by element.  torch is imported only when asked for: it stays an
+optional extra (``pip install 'fmtcli[torch]'``).
+
+- ``numpy``: ``rounding.round_to_format`` (nearest-even, IEEE overflow: the reference).
+- ``ml_dtypes``: ``x.astype(ml_dtypes.<name>)``; float64 input is rounded through float32
+  there (double rounding), which the engine avoids.
+- ``torch``: ``torch.from_numpy(x).to(device).to(torch.<name>)``, exactly what a training
+  job's eager cast does, including the installed version's overflow behaviour.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+
+from .errors import UsageError
+from .formats import FormatSpec
+from .rounding import round_to_format
+
+TORCH_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
+               "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+
+
+class Backend(str, Enum):
+    AUTO = "auto"
+    NUMPY = "numpy"
+    ML_DTYPES = "ml_dtypes"
+    TORCH = "torch"
+
+
+class Device(str, Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def torch_module():
+    """The torch module, or a usage error that names the install command."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("the torch backend needs torch",
+                         "pip install 'fmtcli[torch]' (or pip install torch)") from None
+    return torch
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def torch_dtype(spec: FormatSpec):
+    """torch's dtype for the format, or None where torch has no eager cast to it."""
+    if spec.name not in TORCH_NAMES:
+        return None
+    return getattr(torch_module(), spec.name, None)
+
+
+def supports(backend: Backend, spec: FormatSpec, device: Device = Device.CPU) -> bool:
+    """Whether the backend can cast to this format on this device."""
+    if backend is Backend.NUMPY:
+        return device is Device.CPU
+    if backend is Backend.ML_DTYPES:
+        return device is Device.CPU and spec.ml_dtype is not None
+    if backend is Backend.TORCH:
+        try:
+            dtype = torch_dtype(spec)
+        except UsageError:
+            return False
+        return dtype is not None and (device is Device.CPU or cuda_available())
+    return False
+
+
+def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
+            elements: int = 0) -> tuple[Backend, Device]:
+    """The backend and device to use.  ``auto`` is the engine: on the CPU it is the fastest
+    (benchmarks/RESULTS.md), and torch's CUDA path here casts chunk by chunk, without a
+    fused kernel yet; ``auto`` never imports torch."""
+    backend, device = Backend(backend), Device(device)
+    if backend is Backend.AUTO:
+        if device is Device.CUDA:
+            return resolve(Backend.TORCH, device, spec, elements)
+        return Backend.NUMPY, Device.CPU
+    if backend is Backend.TORCH:
+        torch = torch_module()
+        if device is Device.CUDA and not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA device")
+        if torch_dtype(spec) is None:
+            raise UsageError(f"torch {torch.__version__} has no eager cast to {spec.name}",
+                             "use --backend numpy or ml_dtypes")
+        return backend, device
+    if device is Device.CUDA:
+        raise UsageError(f"--device cuda needs --backend torch (not {backend.value})")
+    if backend is Backend.ML_DTYPES and spec.ml_dtype is None:
+        raise UsageError(f"ml_dtypes has no {spec.name}", "use --backend numpy")
+    return backend, device
+
+
+def cast(x: np.ndarray, spec: FormatSpec, backend: Backend | str = Backend.NUMPY,
+         device: Device | str = Device.CPU) -> np.ndarray:
+    """The values the backend stores for x (nearest-even; overflow as the backend does)."""
+    backend, device = resolve(backend, device, spec, x.size)
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float32)
+    if backend is Backend.NUMPY:
+        return round_to_format(x, spec)
+    if backend is Backend.ML_DTYPES:
+        with np.errstate(all="ignore"):
+            return x.astype(spec.ml_dtype).astype(x.dtype)
+    torch = torch_module()
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device.value)
+    return t.to(torch_dtype(spec)).to(t.dtype).cpu().numpy()
+
+
+def available_backends(spec: FormatSpec) -> list[tuple[Backend, Device]]:
+    """Every (backend, device) that can cast to ``spec`` here."""
+    out = [(b, Device.CPU) for b in (Backend.NUMPY, Backend.ML_DTYPES, Backend.TORCH)
+           if supports(b, spec, Device.CPU)]
+    if supports(Backend.TORCH, spec, Device.CUDA):
+        out.append((Backend.TORCH, Device.CUDA))
+    return out

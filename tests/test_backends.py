@@ -1,0 +1,150 @@
+"""Cast backends (engine, ml_dtypes, torch on CPU; CUDA where present) and check-backends."""
+
+from __future__ import annotations
+
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from quantize_reference import assert_no_traceback, strict_loads
+from typer.testing import CliRunner
+
+from fmtcli.backends import Backend, Device, cast, resolve
+from fmtcli.cli import app
+from fmtcli.errors import UsageError
+from fmtcli.formats import get_format
+from fmtcli.quantize import quantize
+from fmtcli.rounding import round_to_format
+from fmtcli.schemes import Granularity, build_scheme
+from fmtcli.tensors import example_tensor
+
+torch = pytest.importorskip("torch")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+runner = CliRunner()
+E4M3 = get_format("float8_e4m3fn")
+X = np.array([0, -0.0, 1, 3, 0.1, 1e-3, 1e-9, 300, 464, 465, 1e6, np.inf, -np.inf, np.nan, -5],
+             dtype=np.float32)
+
+
+def same(a, b):
+    return np.array_equal(a, b, equal_nan=True)
+
+
+def test_engine_and_ml_dtypes_backends_are_what_they_say():
+    assert same(cast(X, E4M3, "numpy"), round_to_format(X, E4M3))
+    assert same(cast(X, E4M3, "ml_dtypes"), X.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "float8_e5m2"])
+def test_torch_cpu_matches_the_engine_where_both_are_ieee(name):
+    spec = get_format(name)
+    x = np.random.default_rng(0).standard_normal(10000).astype(np.float32) * 100
+    assert same(cast(x, spec, "torch", "cpu"), round_to_format(x, spec))
+
+
+def test_torch_e4m3fn_eager_cast_saturates_where_the_engine_gives_nan():
+    got = cast(np.array([465.0, 1e6, -1e6], np.float32), E4M3, "torch", "cpu")
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12):
+        assert got.tolist() == [448.0, 448.0, -448.0]
+    assert np.isnan(round_to_format(np.array([465.0], np.float32), E4M3)).all()
+
+
+def test_resolve_usage_errors():
+    with pytest.raises(UsageError, match="needs --backend torch"):
+        resolve("numpy", "cuda", E4M3)
+    with pytest.raises(UsageError, match="no eager cast"):
+        resolve("torch", "cpu", get_format("float6_e2m3fn"))
+    with pytest.raises(UsageError, match="ml_dtypes has no"):
+        resolve("ml_dtypes", "cpu", get_format("tf32"))
+    assert resolve("auto", "cpu", E4M3, 1 << 30) == (Backend.NUMPY, Device.CPU)
+
+
+def test_torch_backend_without_torch_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(UsageError) as error:
+        resolve("torch", "cpu", E4M3)
+    assert "pip install" in str(error.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_a_gpu_is_a_usage_error():
+    result = runner.invoke(app, ["quantize", "--backend", "torch", "--device", "cuda"])
+    assert result.exit_code == 2 and "CUDA" in result.stderr
+    assert_no_traceback(result)
+
+
+@pytest.mark.parametrize("backend", ["ml_dtypes", "torch"])
+def test_quantize_backends_agree_with_the_engine_in_range(backend):
+    schemes = [build_scheme(per=Granularity.TENSOR), build_scheme(block=32)]
+    ours = quantize([example_tensor()], schemes, backend="numpy").tensors[0].schemes
+    theirs = quantize([example_tensor()], schemes, backend=backend).tensors[0].schemes
+    for a, b in zip(ours, theirs):
+        assert (a.flushed, a.saturated, a.median_rel_error, a.max_abs_error) == \
+            (b.flushed, b.saturated, b.median_rel_error, b.max_abs_error)
+
+
+def test_quantize_torch_backend_shows_its_saturation_and_ml_dtypes_its_nan():
+    scheme = [build_scheme(per=Granularity.TENSOR, margin=-2)]  # scale x4: the outlier overflows
+    by = {b: quantize([example_tensor()], scheme, backend=b).tensors[0].schemes[0]
+          for b in ("numpy", "ml_dtypes", "torch")}
+    assert by["numpy"].saturated == 1 and by["numpy"].nan_produced == 0  # policy: saturate
+    assert by["ml_dtypes"].overflowed == 1 and by["ml_dtypes"].nan_produced == 1
+    assert by["torch"].saturated == 1 and by["torch"].nan_produced == 0
+
+
+def test_underflow_backend_option():
+    def status(backend):
+        result = runner.invoke(app, ["underflow", "500", "--format", "e4m3fn", "--backend",
+                                     backend, "--json"])
+        assert result.exit_code == 0, result.stderr
+        return strict_loads(result.stdout)[0]["status"]
+    assert status("numpy") == "overflow"
+    assert status("torch") == "saturated"
+
+
+def test_check_backends_json_classes():
+    result = runner.invoke(app, ["check-backends", "e4m3fn", "fp16", "tf32", "--json"])
+    assert result.exit_code == 0, result.stderr
+    reports = {(r["format"], r["backend"], r["device"]): r for r in strict_loads(result.stdout)}
+    assert reports[("float16", "ml_dtypes", "cpu")]["agrees"]
+    assert reports[("float16", "torch", "cpu")]["agrees"]
+    e4 = reports[("float8_e4m3fn", "torch", "cpu")]
+    classes = {(m["class"], m["kind"]) for m in e4["mismatches"]}
+    assert ("nan", "nan_payload") in classes  # NaN payloads told apart from values
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12):
+        assert ("overflow", "value") in classes and not e4["agrees"]
+        example = next(m for m in e4["mismatches"] if m["class"] == "overflow")["examples"][0]
+        assert example["reference"] == "nan" and abs(example["backend"]) == 448
+    assert reports[("float8_e4m3fn", "ml_dtypes", "cpu")]["agrees"]
+    assert reports[("tfloat32", "-", "cpu")]["error"].startswith("no backend")
+
+
+def test_check_backends_finds_ml_dtypes_e8m0_subnormal_rounding():
+    result = runner.invoke(app, ["check-backends", "--format", "e8m0", "--json"])
+    report = next(r for r in strict_loads(result.stdout) if r["backend"] == "ml_dtypes")
+    assert report["value_mismatches"] > 0
+    example = next(m for m in report["mismatches"] if m["kind"] == "value")["examples"][0]
+    assert example["reference"] == 2.0 ** -127 and example["backend"] == 2.0 ** -126
+
+
+def test_check_backends_table():
+    result = runner.invoke(app, ["check-backends", "fp16"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "agrees" in result.stdout and "nan_payload" in result.stdout
+
+
+@cuda
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "bfloat16", "float16"])
+def test_torch_cuda_matches_torch_cpu(name):
+    spec = get_format(name)
+    x = np.random.default_rng(1).standard_normal(1 << 16).astype(np.float32) * 64
+    assert same(cast(x, spec, "torch", "cuda"), cast(x, spec, "torch", "cpu"))
+
+
+@cuda
+def test_quantize_on_cuda_agrees_with_the_engine():
+    schemes = [build_scheme(block=128)]
+    ours = quantize([example_tensor()], schemes).tensors[0].schemes[0]
+    gpu = quantize([example_tensor()], schemes, backend="torch", device="cuda").tensors[0].schemes[0]
+    assert (ours.flushed, ours.median_rel_error, ours.max_abs_error) == \
+        (gpu.flushed, gpu.median_rel_error, gpu.max_abs_error)
