@@ -179,7 +179,12 @@ class ChunkKernel:
                 # beyond max as the engine counts it: what nearest-even puts past max
                 past = np.flatnonzero(np.abs(flat) > spec.max)
                 ub = round_unbounded(flat[past], spec, RoundingMode.NEAREST_EVEN)
-                counts = {"beyond": int(np.count_nonzero(np.abs(ub) > spec.max))}
+                counted = (np.abs(ub) > spec.max) & ~(np.isinf(flat[past])
+                                                     & ~np.isfinite(r[past]))
+                if not spec.signed:
+                    counted &= flat[past] >= 0
+                counts = {"beyond": int(np.count_nonzero(counted)),
+                          "overflowed": int(np.count_nonzero(counted & ~np.isfinite(r[past])))}
             elif self.fast and flat.dtype == np.float32:
                 r = round_float32_nearest_even(flat, spec)
             else:
@@ -188,15 +193,11 @@ class ChunkKernel:
                     rng = PositionalUniform(self.seed, _positions(origin, xp.shape, shape4))
                 r = round_unbounded(flat, spec, scheme.rounding, rng)
             if self.backend is Backend.NUMPY:
-                counts = {"beyond": 0}
+                counts = {"beyond": 0, "overflowed": 0}
                 if not (in_range and plain):  # values beyond max, or the format's own rules
                     r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
-        saturated = overflowed = 0
-        if counts["beyond"]:
-            became = (int(np.count_nonzero(~np.isfinite(r)))
-                      - int(np.count_nonzero(~np.isfinite(flat))))
-            overflowed = max(became, 0)
-            saturated = counts["beyond"] - overflowed
+        overflowed = counts["overflowed"]
+        saturated = counts["beyond"] - overflowed
         with np.errstate(invalid="ignore", divide="ignore"):
             x_q = np.divide(r.reshape(shape4), s4, out=xs)
             if dead is not None:

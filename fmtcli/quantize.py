@@ -17,6 +17,7 @@ import math
 import mmap
 import os
 from collections.abc import Callable
+from fractions import Fraction
 
 import numpy as np
 
@@ -205,7 +206,7 @@ def histogram_percentile(counts: np.ndarray, q: float) -> float:
     total = int(finite.sum())
     if total == 0:
         return 0.0
-    rank = max(1, math.ceil(q / 100 * total))
+    rank = max(1, math.ceil(Fraction(repr(q)) * total / 100))  # exact: 99.9% of 4000 is 3996
     index = int(np.searchsorted(np.cumsum(finite), rank))
     return float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
 

@@ -188,14 +188,13 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
     """Finish a rounding: overflow, inf/NaN inputs, -0, zero and sign rules of the format.
 
     ``x`` is the input, ``r`` its unbounded rounding (modified in place and returned).  When
-    ``counts`` is a dict, ``counts["beyond"]`` receives how many values lay beyond max.
+    ``counts`` is a dict, ``counts["beyond"]`` receives how many values rounded past max and
+    ``counts["overflowed"]`` how many of those became inf or NaN (the rest saturated).
     """
     fmax = spec.max
     saturate = overflow is OverflowPolicy.SATURATE or not (spec.has_inf or spec.has_nan)
     big = np.abs(r) > fmax  # NaN compares False
     beyond = int(np.count_nonzero(big))
-    if counts is not None:
-        counts["beyond"] = beyond
     if beyond:
         infinite_input = np.isinf(x)
         if saturate:
@@ -217,6 +216,16 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
         if tiny.any():
             r[tiny & (r >= 0)] = spec.smallest_normal
         r[x == 0] = np.nan
+    if counts is not None:
+        # beyond max: values that rounded past max (not negatives of an unsigned format,
+        # not infinities that stay infinite); overflowed: those of them now inf or NaN
+        counts["beyond"] = counts["overflowed"] = 0
+        if beyond:
+            counted = big & ~(np.isinf(x) & ~np.isfinite(r))
+            if not spec.signed:
+                counted &= ~(x < 0)
+            counts["beyond"] = int(np.count_nonzero(counted))
+            counts["overflowed"] = int(np.count_nonzero(counted & ~np.isfinite(r)))
     return r
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from .backends import Backend, Device
 from .errors import UsageError
 from .metrics import ErrorAccumulator
-from .quantize import quantize, quantize_tensor, tensor_amax
+from .quantize import matrix_shape, quantize, quantize_tensor, tensor_amax
 from .results import ScaleSummary, SchemeStats
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
@@ -102,6 +102,18 @@ FINE_STEP = 1 / 32
 HISTORY = 1024  # Transformer Engine's default amax_history_len
 
 
+def _percentile_fits(base: Scheme, steps: list[TensorSource]) -> bool:
+    """Percentile scales come per tensor or per block/tile within a chunk; a tile that
+    spans every row but not every column (per column, tall tiles) would need a histogram
+    per column."""
+    for step in steps:
+        rows, cols = matrix_shape(step.shape)
+        tr, tc = base.tile_shape(rows, cols, len(step.shape))
+        if tr >= rows > 1 and tc < cols:
+            return False
+    return True
+
+
 def _rule_candidates(base: Scheme, per_column: bool) -> tuple[list[tuple[str, Scheme]], list]:
     """(name, scheme) of the amax, power-of-two, MX and percentile rules; notes."""
     plain = replace(base, scale_rule=ScaleRule.AMAX, margin=0, percentile=None,
@@ -115,7 +127,7 @@ def _rule_candidates(base: Scheme, per_column: bool) -> tuple[list[tuple[str, Sc
     notes = []
     if per_column:
         notes.append("percentile clipping is offered per tensor and per block or tile, "
-                     "not per column")
+                     "not per column (nor for tiles spanning every row)")
     else:
         for q in (99.9, 99.99, 99.999):
             out.append((f"percentile {q:g}", replace(plain, scale_rule=ScaleRule.PERCENTILE,
@@ -204,7 +216,7 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
         options["chunk_elements"] = chunk_elements
     steps = sequence_of(sources, first_axis)
     per_tensor = base.granularity is Granularity.TENSOR
-    named, notes = _rule_candidates(base, base.granularity is Granularity.COLUMN)
+    named, notes = _rule_candidates(base, not _percentile_fits(base, steps))
     stats = _evaluate(steps, [scheme for _, scheme in named], **options)
     candidates = [Candidate(name, s) for (name, _), s in zip(named, stats)]
     candidates.append(_mse_search(steps, named[0][1], **options))
