@@ -388,6 +388,13 @@ def scale_search_command(
     if histogram and not loss_scale:
         raise UsageError("--histogram goes with --loss-scale")
     if loss_scale:
+        given = [name for name, value in (("--block", block), ("--tile", tile), ("--per", per),
+                                          ("--axis", axis)) if value is not None]
+        given += ["--over-first-axis"] if over_first_axis else []
+        if given:
+            raise UsageError(f"{', '.join(given)} do not apply to --loss-scale (it sweeps one "
+                             "scale for all gradients)")
+    if loss_scale:
         spec = resolve_formats([format_name or "float16"], ())[0]
         sources = load_inputs(files, keys) if files else [example_gradients()]
         result = sweep_loss_scales(sources, spec, workers=workers, backend=backend,

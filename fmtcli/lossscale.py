@@ -7,7 +7,7 @@ the format's subnormal range, or overflow (inf/NaN).
 
 The counts are exact: the thresholds where the format's rounding changes a value's fate
 (smallest value that survives, smallest that rounds to a normal, smallest that overflows)
-are found by bisection over float32 with the rounding engine itself.  Because S = 2**e,
+are found by bisection over float64 with the rounding engine itself.  Because S = 2**e,
 ``|g| * 2**e >= T`` exactly when ``e >= e*(g) = e_T - e_g + (m_g < m_T)`` (frexp mantissas
 m and exponents of |g| and T), so one pass per threshold bins every gradient by the first
 scale at which it crosses, and cumulative sums give the counts for all 33 scales at once.
@@ -31,25 +31,26 @@ from .tensors import TensorSource
 EXPONENTS = tuple(range(0, 33))
 GRAD_SCALER = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 2000}
-LOG2_LOW, LOG2_HIGH = -160, 130  # histogram range of floor(log2 |g|), float64 covered
+LOG2_LOW, LOG2_HIGH = -1075, 1024  # histogram range of floor(log2 |g|): all of float64
 
 
-def _first_true(predicate, low: np.float32, high: np.float32) -> float:
-    """Smallest positive float32 v in (low, high] with predicate(v), by bisection on the
+def _first_true(predicate, low: float, high: float) -> float:
+    """Smallest positive float64 v in (low, high] with predicate(v), by bisection on the
     bit patterns (predicate must be monotone: False below, True from some value on)."""
-    lo, hi = int(np.float32(low).view(np.uint32)), int(np.float32(high).view(np.uint32))
+    lo, hi = int(np.float64(low).view(np.uint64)), int(np.float64(high).view(np.uint64))
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if predicate(np.uint32(mid).view(np.float32)):
+        if predicate(np.uint64(mid).view(np.float64)):
             hi = mid
         else:
             lo = mid
-    return float(np.uint32(hi).view(np.float32))
+    return float(np.uint64(hi).view(np.float64))
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Where the format's nearest-even rounding changes a positive value's fate (float32)."""
+    """Where the format's nearest-even rounding changes a positive value's fate: float64
+    thresholds, right for float32 data too (rounding depends on the value, not its type)."""
 
     kept: float  # smallest value that does not flush to zero
     normal: float  # smallest value that rounds to a normal value
@@ -59,14 +60,14 @@ class Thresholds:
     def of(cls, spec: FormatSpec, overflow: OverflowPolicy = OverflowPolicy.IEEE,
            backend: Backend = Backend.NUMPY, device: Device = Device.CPU) -> Thresholds:
         def rounds(v):
-            x = np.array([v], np.float32)
+            x = np.array([v], np.float64)
             if backend is not Backend.NUMPY:
                 return float(cast(x, spec, backend, device)[0])
             return float(round_to_format(x, spec, RoundingMode.NEAREST_EVEN, overflow)[0])
 
-        tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
-        top = np.float32(np.finfo(np.float32).max)
-        kept = _first_true(lambda v: rounds(v) != 0, np.float32(0), top)
+        tiny = float(np.finfo(np.float64).smallest_subnormal)
+        top = float(np.finfo(np.float64).max)
+        kept = _first_true(lambda v: rounds(v) != 0, 0.0, top)
         normal = _first_true(lambda v: rounds(v) >= spec.smallest_normal, tiny, top)
         if math.isfinite(rounds(top)):
             over = math.inf

@@ -65,7 +65,8 @@ class Candidate:
         scales = s.scales
         one = scales["count"] == 1 or (scales["min"] is not None and scales["min"] == scales["max"]
                                        and scales["distinct"] == 1)
-        out = {"name": self.name, "scale_rule": s.scheme["scale_rule"],
+        rule = "delayed" if self.overflow_steps is not None else s.scheme["scale_rule"]
+        out = {"name": self.name, "scale_rule": rule,
                "margin": s.scheme["margin"], "percentile": s.scheme["percentile"],
                "scale": scales["min"] if one else None, "scales": scales,
                "flushed_fraction": s.flushed_fraction,
@@ -154,8 +155,9 @@ def _mse_search(sources, plain: Scheme, **options) -> Candidate:
     fine_stats = _evaluate(sources, fine, **options)
     every = list(zip(COARSE.tolist(), stats)) + list(zip(fine_margins.tolist(), fine_stats))
     margin, best = min(every, key=lambda pair: (metric_value(pair[1], Metric.MSE), pair[0]))
+    factor = "1 (the amax scale itself)" if margin == 0 else f"2^{-margin:+.4g}"
     note = (f"grid search over log2 of the scale factor on amax scales: steps of 1/4 binade "
-            f"from x2 to x2^-6, then 1/32 around the best; best factor 2^{-margin:+.4g}")
+            f"from x2 to x2^-6, then 1/32 around the best; best factor {factor}")
     return Candidate("mse search", best, note)
 
 
@@ -188,7 +190,8 @@ def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: 
         reference = (max(past) if algorithm == "max" else past[-1]) if past else 0.0
         scale = float(np.float32(min(spec.max / reference, np.finfo(np.float32).max))) \
             if reference > 0 else 1.0
-        if amaxes[t] * scale > spec.max:
+        if np.float32(amaxes[t]) * np.float32(scale) > np.float32(spec.max):  # as the cast
+
             overflow_steps += 1
         scheme = replace(plain, scale_rule=ScaleRule.FIXED, fixed_scale=scale)
         per_scheme, _ = quantize_tensor(step, [scheme], **options)
