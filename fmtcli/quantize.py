@@ -254,12 +254,52 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
             if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
                 raise UsageError(f"the {b.value} backend rounds to nearest-even only",
                                  "use --backend numpy for other rounding modes")
+    if keep is None and _cuda_fast_path(source, schemes, casts):
+        return _quantize_tensor_cuda(source, schemes, progress), None
     reader = ChunkReader(source)
     try:
         return _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers,
                                 progress, keep, keep_mode, sink, casts)
     finally:
         reader.close()
+
+
+def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> bool:
+    """Whether the fused Triton kernel (``gpu``) takes this tensor: torch on CUDA for every
+    scheme, blocks along the last axis with amax scales, float32/bfloat16/float16 data."""
+    if not casts or any(c != (Backend.TORCH, Device.CUDA) for c in casts):
+        return False
+    if source.dtype not in ("float32", "bfloat16", "float16"):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    from .gpu import fast_path_applies
+
+    return all(fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
+               for s in schemes)
+
+
+def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress):
+    """The whole tensor on the GPU, each scheme by the fused kernel (two passes)."""
+    import torch
+
+    from .gpu import quantize_blocks_cuda
+
+    data = np.ascontiguousarray(source.array())
+    if data.dtype == np.dtype("bfloat16") or source.dtype == "bfloat16":
+        x = torch.from_numpy(data.view(np.int16)).cuda().view(torch.bfloat16)
+    else:
+        x = torch.from_numpy(data).cuda()
+    results = []
+    for scheme in schemes:
+        scheme = for_tensor(scheme, source.key, len(source.shape))
+        acc, summary = quantize_blocks_cuda(x, scheme)
+        results.append((scheme, acc, summary))
+    if progress:
+        progress(source.size, source.size)
+    return results
 
 
 def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, progress, keep,

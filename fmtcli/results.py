@@ -22,6 +22,7 @@ class ScaleSummary:
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # sorted
     capped: bool = False
     nan: int = 0
+    counted: bool = True  # False where distinct values were not counted (the CUDA path)
 
     def add(self, scales: np.ndarray) -> None:
         """Fold in an array of scales (any shape)."""
@@ -57,6 +58,7 @@ class ScaleSummary:
         self.nan += other.nan
         self.low, self.high = min(self.low, other.low), max(self.high, other.high)
         self.capped = self.capped or other.capped
+        self.counted = self.counted and other.counted
         if not self.capped:
             self._fold(other.values)
 
@@ -64,8 +66,8 @@ class ScaleSummary:
         known = self.count - self.nan
         return {"count": self.count, "min": self.low if known else None,
                 "max": self.high if known else None,
-                "distinct": None if self.capped else int(self.values.size),
-                "distinct_more_than": DISTINCT_CAP if self.capped else None,
+                "distinct": None if self.capped or not self.counted else int(self.values.size),
+                "distinct_more_than": DISTINCT_CAP if self.capped and self.counted else None,
                 "nan": self.nan}
 
 

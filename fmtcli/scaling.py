@@ -96,7 +96,8 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
     ap = np.where(positive, a, 1.0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         if rule in (ScaleRule.AMAX, ScaleRule.PERCENTILE):
-            raw = fmax / ap
+            # one correctly rounded float32 division, as recipes (and the CUDA path) compute
+            raw = np.divide(np.float32(fmax), ap.astype(np.float32)).astype(np.float64)
         elif rule in (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST):
             raw = fmax / ap
             if rule is ScaleRule.POW2_FLOOR:
