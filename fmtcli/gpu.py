@@ -72,7 +72,7 @@ def _kernel():
     def quantize_stats(x_ptr, n_blocks, stats_ptr, imax_ptr, hist_ptr, fine_lo, fine_hi,
                        fmax, beyond, magic_low, magic_high, magic_shift,
                        BLOCK: tl.constexpr, TILE: tl.constexpr, ITERS: tl.constexpr,
-                       BINS: tl.constexpr, FINE: tl.constexpr):
+                       BINS: tl.constexpr, FINE: tl.constexpr, HIST: tl.constexpr):
         pid = tl.program_id(0)
         rows = tl.arange(0, TILE)
         cols = tl.arange(0, BLOCK)
@@ -147,7 +147,8 @@ def _kernel():
             else:
                 idx = coarse
             idx = tl.where(population, idx, BINS - 1)
-            hist += tl.histogram(tl.reshape(idx, [TILE * BLOCK]), BINS)
+            if HIST:
+                hist += tl.histogram(tl.reshape(idx, [TILE * BLOCK]), BINS)
         tl.atomic_add(hist_ptr + tl.arange(0, BINS), hist)
         tl.atomic_add(stats_ptr + 0, tl.sum(acc_err.to(tl.float64)))
         tl.atomic_add(stats_ptr + 1, tl.sum(acc_err2.to(tl.float64)))
@@ -169,7 +170,9 @@ def _kernel():
 _KERNEL = None
 
 
-def quantize_blocks_cuda(x, scheme: Scheme) -> tuple[ErrorAccumulator, ScaleSummary]:
+def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
+                         iterations: int = ITERATIONS, num_warps: int = 4, hist: bool = True
+                         ) -> tuple[ErrorAccumulator, ScaleSummary]:
     """Statistics of ``scheme`` (see ``fast_path_applies``) on a contiguous CUDA tensor, and
     a summary of its scales (count, min, max, NaN; distinct values are not counted here)."""
     import torch
@@ -182,8 +185,8 @@ def quantize_blocks_cuda(x, scheme: Scheme) -> tuple[ErrorAccumulator, ScaleSumm
     block = scheme.block
     x = x.contiguous().reshape(-1)
     n_blocks = x.numel() // block
-    tile = max(1, min(TILE_BLOCKS, 4096 // block))
-    grid = (triton.cdiv(n_blocks, tile * ITERATIONS),)
+    tile = max(1, tile_elements // block)
+    grid = (triton.cdiv(n_blocks, tile * iterations),)
     m = spec.mantissa_bits
     low = int(np.float32(spec.smallest_normal).view(np.int32))
     high = int(np.float32(2.0 ** (spec.max_exponent + 1)).view(np.int32))
@@ -197,7 +200,8 @@ def quantize_blocks_cuda(x, scheme: Scheme) -> tuple[ErrorAccumulator, ScaleSumm
         hist = torch.zeros(COARSE_BINS, dtype=torch.int32, device=device)
         _KERNEL[grid](x, n_blocks, stats, ints, hist, fine_lo, fine_hi, float(spec.max),
                       beyond, low, high, (23 - m) << 23, BLOCK=block, TILE=tile,
-                      ITERS=ITERATIONS, BINS=COARSE_BINS, FINE=fine)
+                      ITERS=iterations, BINS=COARSE_BINS, FINE=fine, HIST=hist,
+                      num_warps=num_warps)
         return stats.cpu().numpy(), ints.cpu().numpy().astype(np.int64), hist.cpu().numpy()
 
     stats, ints, coarse = run(0, 0, False)
