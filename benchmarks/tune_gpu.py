@@ -36,6 +36,6 @@ for tile, iters, warps, hist in [(4096, 16, 4, True), (4096, 16, 4, False), (409
                                  (2048, 8, 4, False), (8192, 8, 8, False), (4096, 16, 8, True),
                                  (1024, 16, 4, True), (1024, 64, 4, True), (2048, 32, 8, True)]:
     t = best(lambda: quantize_blocks_cuda(x, scheme, tile_elements=tile, iterations=iters,
-                                          num_warps=warps, hist=hist))
+                                          num_warps=warps, histogram=hist))
     print(f"tile {tile:5d} iters {iters:3d} warps {warps} hist {hist!s:5}: {t * 1e3:7.2f} ms "
           f"{x.numel() * 4 / t / 1e12:.3f} TB/s input")

@@ -171,7 +171,8 @@ _KERNEL = None
 
 
 def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
-                         iterations: int = ITERATIONS, num_warps: int = 4, hist: bool = True
+                         iterations: int = ITERATIONS, num_warps: int = 4,
+                         histogram: bool = True
                          ) -> tuple[ErrorAccumulator, ScaleSummary]:
     """Statistics of ``scheme`` (see ``fast_path_applies``) on a contiguous CUDA tensor, and
     a summary of its scales (count, min, max, NaN; distinct values are not counted here)."""
@@ -200,7 +201,7 @@ def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
         hist = torch.zeros(COARSE_BINS, dtype=torch.int32, device=device)
         _KERNEL[grid](x, n_blocks, stats, ints, hist, fine_lo, fine_hi, float(spec.max),
                       beyond, low, high, (23 - m) << 23, BLOCK=block, TILE=tile,
-                      ITERS=iterations, BINS=COARSE_BINS, FINE=fine, HIST=hist,
+                      ITERS=iterations, BINS=COARSE_BINS, FINE=fine, HIST=histogram,
                       num_warps=num_warps)
         return stats.cpu().numpy(), ints.cpu().numpy().astype(np.int64), hist.cpu().numpy()
 
