@@ -72,7 +72,8 @@ def _kernel():
     def quantize_stats(x_ptr, n_blocks, stats_ptr, imax_ptr, hist_ptr, fine_lo, fine_hi,
                        fmax, beyond, magic_low, magic_high, magic_shift,
                        BLOCK: tl.constexpr, TILE: tl.constexpr, ITERS: tl.constexpr,
-                       BINS: tl.constexpr, FINE: tl.constexpr, HIST: tl.constexpr):
+                       BINS: tl.constexpr, FINE: tl.constexpr, HIST: tl.constexpr,
+                       CAST: tl.constexpr, WIDE: tl.constexpr):
         pid = tl.program_id(0)
         rows = tl.arange(0, TILE)
         cols = tl.arange(0, BLOCK)
@@ -94,7 +95,10 @@ def _kernel():
         for it in range(ITERS):
             block_ids = (pid * ITERS + it) * TILE + rows
             valid = block_ids < n_blocks
-            offs = block_ids.to(tl.int64)[:, None] * BLOCK + cols[None, :]
+            if WIDE:
+                offs = block_ids.to(tl.int64)[:, None] * BLOCK + cols[None, :]
+            else:
+                offs = block_ids[:, None] * BLOCK + cols[None, :]
             mask = valid[:, None] & (cols[None, :] < BLOCK)
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             a = tl.abs(x)
@@ -112,31 +116,36 @@ def _kernel():
             n_nan_scale += (valid & (scale != scale)).to(tl.int32)
             xs = x * scale[:, None]
             m = tl.abs(xs)
-            bits = m.to(tl.int32, bitcast=True) & 0x7F800000
-            bits = tl.minimum(tl.maximum(bits, magic_low), magic_high) + magic_shift
-            big = bits.to(tl.float32, bitcast=True)
-            r = (m + big) - big
-            r = tl.where(xs < 0, -r, r)
-            r = tl.where(xs != xs, xs, r)
-            r = tl.where(tl.abs(r) > fmax, tl.where(r > 0, fmax, -fmax), r)
+            if CAST == 1:  # the hardware's nearest-even, saturating FP8 conversions
+                r = xs.to(tl.float8e4nv).to(tl.float32)
+            elif CAST == 2:
+                r = xs.to(tl.float8e5).to(tl.float32)
+            else:  # the engine's magic-number rounding, for every other format
+                bits = m.to(tl.int32, bitcast=True) & 0x7F800000
+                bits = tl.minimum(tl.maximum(bits, magic_low), magic_high) + magic_shift
+                big = bits.to(tl.float32, bitcast=True)
+                r = (m + big) - big
+                r = tl.where(xs < 0, -r, r)
+                r = tl.where(xs != xs, xs, r)
+                r = tl.where(tl.abs(r) > fmax, tl.where(r > 0, fmax, -fmax), r)
             xq = tl.math.div_rn(r, tl.broadcast_to(scale[:, None], (TILE, BLOCK)))
             err = xq - x
             finite_x = (a == a) & (a != float("inf"))
-            finite = finite_x & (err == err) & (tl.abs(err) != float("inf")) & mask
-            e = tl.where(finite, err, 0.0)
-            acc_err += tl.sum(e, axis=1)
-            acc_err2 += tl.sum(e * e, axis=1)
-            xf = tl.where(finite, x, 0.0)
-            acc_x2 += tl.sum(xf * xf, axis=1)
-            acc_max = tl.maximum(acc_max, tl.max(tl.abs(e), axis=1))
-            n_pairs += tl.sum(finite.to(tl.int32), axis=1)
-            is_zero = (x == 0) & mask
-            n_zero += tl.sum(is_zero.to(tl.int32), axis=1)
             population = mask & finite_x & (x != 0)
-            n_flushed += tl.sum((population & (xq == 0)).to(tl.int32), axis=1)
-            n_nonfinite += tl.sum((mask & ~finite_x).to(tl.int32), axis=1)
-            n_nan += tl.sum((mask & (xq != xq) & (x == x)).to(tl.int32), axis=1)
-            n_beyond += tl.sum((mask & (m >= beyond) & (xs == xs)).to(tl.int32), axis=1)
+            if not FINE:  # pass 2 only refines the histogram
+                finite = finite_x & (err == err) & (tl.abs(err) != float("inf")) & mask
+                e = tl.where(finite, err, 0.0)
+                acc_err += tl.sum(e, axis=1)
+                acc_err2 += tl.sum(e * e, axis=1)
+                xf = tl.where(finite, x, 0.0)
+                acc_x2 += tl.sum(xf * xf, axis=1)
+                acc_max = tl.maximum(acc_max, tl.max(tl.abs(e), axis=1))
+                n_pairs += tl.sum(finite.to(tl.int32), axis=1)
+                n_zero += tl.sum(((x == 0) & mask).to(tl.int32), axis=1)
+                n_flushed += tl.sum((population & (xq == 0)).to(tl.int32), axis=1)
+                n_nonfinite += tl.sum((mask & ~finite_x).to(tl.int32), axis=1)
+                n_nan += tl.sum((mask & (xq != xq) & (x == x)).to(tl.int32), axis=1)
+                n_beyond += tl.sum((mask & (m >= beyond) & (xs == xs)).to(tl.int32), axis=1)
             rel = tl.math.div_rn(tl.abs(xq - x), a)
             key = rel.to(tl.int32, bitcast=True)
             coarse = (key >> 23) & 0x1FF
@@ -172,7 +181,7 @@ _KERNEL = None
 
 def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
                          iterations: int = ITERATIONS, num_warps: int = 4,
-                         histogram: bool = True
+                         histogram: bool = True, hardware_cast: bool = True
                          ) -> tuple[ErrorAccumulator, ScaleSummary]:
     """Statistics of ``scheme`` (see ``fast_path_applies``) on a contiguous CUDA tensor, and
     a summary of its scales (count, min, max, NaN; distinct values are not counted here)."""
@@ -193,6 +202,7 @@ def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
     high = int(np.float32(2.0 ** (spec.max_exponent + 1)).view(np.int32))
     beyond = _beyond_threshold(spec)
     device = x.device
+    cast_kind = {"float8_e4m3fn": 1, "float8_e5m2": 2}.get(spec.name, 0) if hardware_cast else 0
 
     def run(fine_lo: int, fine_hi: int, fine: bool):
         stats = torch.zeros(3, dtype=torch.float64, device=device)
@@ -202,6 +212,7 @@ def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
         _KERNEL[grid](x, n_blocks, stats, ints, hist, fine_lo, fine_hi, float(spec.max),
                       beyond, low, high, (23 - m) << 23, BLOCK=block, TILE=tile,
                       ITERS=iterations, BINS=COARSE_BINS, FINE=fine, HIST=histogram,
+                      CAST=cast_kind, WIDE=x.numel() + tile * iterations * block >= 2**31,
                       num_warps=num_warps)
         return stats.cpu().numpy(), ints.cpu().numpy().astype(np.int64), hist.cpu().numpy()
 
