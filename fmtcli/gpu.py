@@ -24,11 +24,10 @@ import math
 
 import numpy as np
 
-from .formats import FormatSpec
 from .metrics import HIST_BINS, ErrorAccumulator
 from .results import ScaleSummary
-from .rounding import OverflowPolicy, RoundingMode, magic_rounding_applies, round_unbounded
-from .scaling import F32_MAX, ScaleRule
+from .rounding import OverflowPolicy, RoundingMode, beyond_threshold, magic_rounding_applies
+from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 
 COARSE_BINS = 512  # sign + exponent of the float32 relative error
@@ -48,20 +47,6 @@ def fast_path_applies(scheme: Scheme, shape: tuple[int, ...]) -> bool:
             and scheme.overflow is OverflowPolicy.SATURATE
             and magic_rounding_applies(spec) and spec.has_zero and spec.signed
             and 1 <= block <= 1024 and block & (block - 1) == 0 and cols % block == 0)
-
-
-def _beyond_threshold(spec: FormatSpec) -> float:
-    """The smallest float32 whose nearest-even rounding lies past max (saturated from there)."""
-    lo = int(np.float32(spec.max).view(np.uint32))
-    hi = int(np.float32(F32_MAX).view(np.uint32))
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        v = np.array([np.uint32(mid).view(np.float32)], np.float32)
-        if abs(float(round_unbounded(v, spec, RoundingMode.NEAREST_EVEN)[0])) > spec.max:
-            hi = mid
-        else:
-            lo = mid
-    return float(np.uint32(hi).view(np.float32))
 
 
 def _kernel():
@@ -200,7 +185,7 @@ def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
     m = spec.mantissa_bits
     low = int(np.float32(spec.smallest_normal).view(np.int32))
     high = int(np.float32(2.0 ** (spec.max_exponent + 1)).view(np.int32))
-    beyond = _beyond_threshold(spec)
+    beyond = beyond_threshold(spec)
     device = x.device
     cast_kind = {"float8_e4m3fn": 1, "float8_e5m2": 2}.get(spec.name, 0) if hardware_cast else 0
 

@@ -18,6 +18,7 @@ from .rounding import (
     PositionalUniform,
     RoundingMode,
     apply_range,
+    beyond_threshold,
     magic_rounding_applies,
     round_float32_nearest_even,
     round_unbounded,
@@ -121,6 +122,7 @@ class ChunkKernel:
         self.spec = plan.scheme.format
         self.seed = seed
         self.backend, self.device = backend, device
+        self.threshold = beyond_threshold(self.spec)
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
         self.two_level = plan.scheme.scale_format is ScaleFormat.E4M3_FP32
@@ -162,8 +164,10 @@ class ChunkKernel:
             else:
                 scale = scales_for(amax, plan)
             local_scales = scale
-            peak = float(np.max(amax.astype(np.float64) * scale))
-            in_range = peak <= spec.max  # False for NaN
+            # |x * scale| <= fl(amax * scale) in the data's own arithmetic (rounding is
+            # monotone), so this bounds every scaled value exactly
+            peak = float(np.max(amax * scale.astype(amax.dtype)))
+            in_range = peak < self.threshold  # all round to at most max; False for NaN
         plain = self.plain and keep != "codes"
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
         dead = None

@@ -29,6 +29,7 @@ Special values, by format kind:
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
 import numpy as np
@@ -170,6 +171,24 @@ def round_float32_nearest_even(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
     sign = np.bitwise_and(x.view(np.uint32), np.uint32(0x80000000), out=magic)
     magnitude.view(np.uint32)[...] |= sign  # x's sign (a tiny negative x rounds to -0)
     return magnitude
+
+
+@functools.lru_cache(maxsize=64)
+def beyond_threshold(spec: FormatSpec) -> float:
+    """The smallest float32 whose nearest-even rounding lies past max: values below it
+    round to at most max; from it on they saturate or overflow."""
+    lo = int(np.float32(spec.max).view(np.uint32))
+    hi = int(np.float32(np.finfo(np.float32).max).view(np.uint32))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        v = np.array([np.uint32(mid).view(np.float32)], np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            past = abs(float(round_unbounded(v, spec, RoundingMode.NEAREST_EVEN)[0])) > spec.max
+        if past:
+            hi = mid
+        else:
+            lo = mid
+    return float(np.uint32(hi).view(np.float32))
 
 
 def _overflow_value(spec: FormatSpec, rounding: RoundingMode, negative: bool) -> float:
