@@ -3,11 +3,11 @@
 For blocks of B elements along the last axis (B a power of two up to 1024) with amax
 scales, nearest-even rounding and saturation, each program of the kernel loads tiles of
 blocks, takes each block's amax, its scale (``max / amax`` as one correctly rounded float32
-division, as the CPU engine), the scaled cast by the same magic-number addition as the CPU
-engine (``rounding.round_float32_nearest_even``: bit-identical, no fp8 instructions
-needed), divides back, and accumulates every statistic; programs add their totals with
-atomics.  Statistics therefore equal the CPU engine's: the same counts, extrema and
-histogram bins.
+division, as the CPU engine), the scaled cast (the hardware's nearest-even, saturating
+conversion for E4M3 and E5M2; for other formats the CPU engine's magic-number addition,
+``rounding.round_float32_nearest_even``), divides back, and accumulates every statistic;
+programs add their totals with atomics.  Statistics equal the CPU engine's: the same
+counts, extrema and histogram bins (tests/test_gpu.py checks this on a GPU).
 
 Median and p99 need the relative-error histogram.  Pass 1 counts it by binade (sign and
 exponent, 512 bins); the binades holding the two ranks are then counted again at the CPU
@@ -30,9 +30,8 @@ from .rounding import OverflowPolicy, RoundingMode, beyond_threshold, magic_roun
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 
-COARSE_BINS = 512  # sign + exponent of the float32 relative error
-DUMP = COARSE_BINS - 1  # inputs outside the population (zero, NaN, inf, padding): NaN's bin
-TILE_BLOCKS = 32
+COARSE_BINS = 512  # sign + exponent of the float32 relative error; the last bin (negative
+# NaN's) also takes the inputs outside the population (zero, NaN, inf, padding)
 ITERATIONS = 16
 
 
