@@ -78,6 +78,24 @@ BackendOption = Annotated[Backend, typer.Option(
          "with --device cuda.")]
 DeviceOption = Annotated[Device, typer.Option(
     "--device", case_sensitive=False, help="Device of the torch backend.")]
+# Options that quantize and scale-search share (their defaults differ: see each --help).
+BlockOption = Annotated[Optional[int], typer.Option(
+    "--block", metavar="N", help="One scale per N elements along --axis.",
+    show_default=False)]
+TileOption = Annotated[Optional[str], typer.Option(
+    "--tile", metavar="RxC", help="One scale per RxC tile of the (rows x last axis) matrix, "
+    "e.g. 128x128 or 1x128.")]
+PerOption = Annotated[Optional[Granularity], typer.Option(
+    "--per", case_sensitive=False, help="One scale per tensor, row or column.",
+    show_default=False)]
+AxisOption = Annotated[Optional[int], typer.Option(
+    "--axis", help="Axis of --block: -1 (last, default) or 0 (first).")]
+KeyOption = Annotated[Optional[list[str]], typer.Option(
+    "--key", metavar="NAME", help="Only these tensors of a checkpoint (name or glob; "
+    "repeatable).")]
+WorkersOption = Annotated[Optional[int], typer.Option(
+    "--workers", min=1, help="Worker processes.  [default: the cores available, at most 8]",
+    show_default=False)]
 SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of stochastic rounding.")]
 
 
@@ -259,16 +277,10 @@ def quantize_command(
     format_name: Annotated[Optional[str], typer.Option(
         "--format", metavar="F", help="Element format.  [default: float8_e4m3fn]",
         show_default=False)] = None,
-    block: Annotated[Optional[int], typer.Option(
-        "--block", metavar="N", help="One scale per N elements along --axis.  [default: 128]",
-        show_default=False)] = None,
-    tile: Annotated[Optional[str], typer.Option(
-        "--tile", metavar="RxC", help="One scale per RxC tile of the (rows x last axis) "
-        "matrix, e.g. 128x128 or 1x128.")] = None,
-    per: Annotated[Optional[Granularity], typer.Option(
-        "--per", case_sensitive=False, help="One scale per tensor, row or column.")] = None,
-    axis: Annotated[Optional[int], typer.Option(
-        "--axis", help="Axis of --block: -1 (last, default) or 0 (first).")] = None,
+    block: BlockOption = None,
+    tile: TileOption = None,
+    per: PerOption = None,
+    axis: AxisOption = None,
     scale_rule: Annotated[Optional[ScaleRule], typer.Option(
         "--scale-rule", case_sensitive=False,
         help="How a block's amax sets its scale.  [default: amax]")] = None,
@@ -286,9 +298,7 @@ def quantize_command(
         "--compare", case_sensitive=False,
         help="'tensor': per-tensor scaling beside the chosen scheme; 'none': the scheme "
              "alone; 'all': every standard recipe.")] = Compare.TENSOR,
-    keys: Annotated[Optional[list[str]], typer.Option(
-        "--key", metavar="NAME", help="Only these tensors of a checkpoint (name or glob; "
-        "repeatable).")] = None,
+    keys: KeyOption = None,
     out: Annotated[Optional[str], typer.Option(
         "--out", metavar="PATH", help="Write the scheme's result: .npy (dequantized values) "
         "or .npz/.safetensors (codes and scales).")] = None,
@@ -299,15 +309,14 @@ def quantize_command(
     chunk: Annotated[int, typer.Option(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,
-    workers: Annotated[Optional[int], typer.Option(
-        "--workers", min=1, help="Worker processes.  [default: the cores available, at most 8]",
-        show_default=False)] = None,
+    workers: WorkersOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """How much does a tensor lose? Scaled quantization, per tensor vs per block or tile.
 
     x_q = cast(x * scale) / scale.  Prints flushed values, median/p99 relative error, max
-    abs error, RMSE, SQNR, bias and saturation for each scheme.
+    abs error, RMSE, SQNR, bias and saturation for each scheme.  Default scheme: blocks
+    of 128 along the last axis, float8_e4m3fn, amax scales.
     """
     spec = resolve_formats([format_name], ())[0] if format_name else None
     main_scheme = build_scheme(format=spec, block=block, tile=tile, per=per, axis=axis,
@@ -344,16 +353,10 @@ def scale_search_command(
     format_name: Annotated[Optional[str], typer.Option(
         "--format", metavar="F", help="Element format.  [default: float8_e4m3fn; with "
         "--loss-scale: float16]", show_default=False)] = None,
-    block: Annotated[Optional[int], typer.Option(
-        "--block", metavar="N", help="One scale per N elements along --axis.")] = None,
-    tile: Annotated[Optional[str], typer.Option(
-        "--tile", metavar="RxC", help="One scale per RxC tile.")] = None,
-    per: Annotated[Optional[Granularity], typer.Option(
-        "--per", case_sensitive=False,
-        help="One scale per tensor, row or column.  [default: tensor]",
-        show_default=False)] = None,
-    axis: Annotated[Optional[int], typer.Option(
-        "--axis", help="Axis of --block: -1 (last) or 0 (first).")] = None,
+    block: BlockOption = None,
+    tile: TileOption = None,
+    per: PerOption = None,
+    axis: AxisOption = None,
     metric: Annotated[Metric, typer.Option(
         "--metric", case_sensitive=False, help="What the best rule minimises (SQNR: "
         "maximises).")] = Metric.MSE,
@@ -367,21 +370,19 @@ def scale_search_command(
     histogram: Annotated[bool, typer.Option(
         "--histogram", help="With --loss-scale: a histogram of log2|g| with the format's "
         "regions.")] = False,
-    keys: Annotated[Optional[list[str]], typer.Option(
-        "--key", metavar="NAME", help="Only these tensors of a checkpoint.")] = None,
+    keys: KeyOption = None,
     seed: SeedOption = 0,
     backend: BackendOption = Backend.AUTO,
     device: DeviceOption = Device.CPU,
-    workers: Annotated[Optional[int], typer.Option(
-        "--workers", min=1, help="Worker processes.", show_default=False)] = None,
+    workers: WorkersOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Which scale should I use? Candidate scale rules side by side, the best marked.
 
     x_q = cast(x * scale) / scale.  Rules: amax (and margins 1..3), powers of two, MX
     E8M0, percentile clipping, delayed scaling (for a sequence of tensors) and an MSE
-    search.  --loss-scale: which loss scale keeps FP16 gradients from flushing or
-    overflowing.
+    search.  Default granularity: one scale per tensor.  --loss-scale: which loss scale
+    keeps FP16 gradients from flushing or overflowing.
     """
     if not files and keys:
         raise UsageError("--key needs a FILE")
