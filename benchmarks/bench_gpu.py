@@ -7,8 +7,8 @@ outliers, rows of 4096) is quantized with blocks of 128 in float8_e4m3fn (amax s
 saturation), computing every statistic of ``fmt quantize``:
 
 - copy: ``y.copy_(x)``, device to device; bandwidth counts bytes read and written;
-- fmtcli: ``gpu.quantize_blocks_cuda`` (two fused Triton passes, host syncs included);
-  throughput counts the bytes of the input (read twice, counted once);
+- fmtcli: ``gpu.quantize_blocks_cuda`` (one fused kernel, one pass; the copy of the
+  statistics back to the host included); throughput counts the bytes of the input;
 - eager: the same statistics written plainly in eager torch (median and p99 by sorting).
 
 Agreement: the CUDA results against fmtcli's CPU engine on the same data (computed first,

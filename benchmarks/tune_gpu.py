@@ -1,5 +1,13 @@
-"""Time variants of the fused CUDA kernel (tile size, iterations, warps, histogram on/off)
-on a 1 GiB tensor: where the time goes.  python benchmarks/tune_gpu.py"""
+"""Where the CUDA kernel's time goes: variants of it on a 1 GiB float32 tensor.
+
+    PYTHONPATH=$PWD python3 benchmarks/tune_gpu.py
+
+Times (best of 10, CUDA-synchronised, host copy-back included) the kernel as shipped for a
+few launch sizes, block sizes and input dtypes, then variants with one part of the work
+removed by editing the kernel's source (histogram, exact dequantizing division, the cast),
+against a plain copy and a read-only reduction of the same tensor.  The variants compute
+wrong statistics on purpose: they only place the time.
+"""
 
 import os
 import sys
@@ -9,16 +17,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
+from fmtcli import gpu
 from fmtcli.formats import get_format
-from fmtcli.gpu import quantize_blocks_cuda
 from fmtcli.schemes import build_scheme
 
 x = torch.randn(2**28, device="cuda") * 0.02
-scheme = build_scheme(format=get_format("float8_e4m3fn"), block=128)
+size = x.numel() * 4
 y = torch.empty_like(x)
 
 
-def best(fn, repeat=5):
+def best(fn, repeat=10):
     fn()
     torch.cuda.synchronize()
     t = float("inf")
@@ -30,11 +38,84 @@ def best(fn, repeat=5):
     return t
 
 
+def report(what, t, data=x):
+    print(f"{what:48s} {t * 1e3:7.3f} ms  {data.numel() * data.element_size() / t / 1e12:6.2f} "
+          "TB/s of input", flush=True)
+
+
+def gpu_time(fn, n=20):
+    """Seconds per call of n calls queued back to back, between CUDA events: GPU time."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n / 1e3
+
+
 copy = best(lambda: y.copy_(x))
-print(f"copy {2 * x.numel() * 4 / copy / 1e12:.2f} TB/s r+w")
-for tile, iters, warps, hist in [(4096, 16, 4, True), (4096, 16, 4, False), (2048, 8, 4, True),
-                                 (2048, 8, 4, False), (1024, 16, 4, True), (8192, 8, 8, True)]:
-    t = best(lambda t=tile, i=iters, w=warps, h=hist: quantize_blocks_cuda(
-        x, scheme, tile_elements=t, iterations=i, num_warps=w, histogram=h))
-    print(f"tile {tile:5d} iters {iters:3d} warps {warps} hist {hist!s:5}: {t * 1e3:7.2f} ms "
-          f"{x.numel() * 4 / t / 1e12:.3f} TB/s input")
+print(f"copy {2 * size / copy / 1e12:.2f} TB/s read+write ({copy * 1e3:.3f} ms)")
+report("x.abs().amax() (read-only reduction)", best(lambda: x.abs().amax()))
+e4m3 = build_scheme(format=get_format("float8_e4m3fn"), block=128)
+flat = x.reshape(-1)
+report("kernel alone (back to back, CUDA events)", gpu_time(lambda: gpu.launch(flat, e4m3)))
+small = flat[: 1 << 16]
+report("whole call on 64K elements (fixed costs)",
+       best(lambda: gpu.quantize_blocks_cuda(small, e4m3), 50), small)
+report("launch alone on 64K elements (zeroing + launch)",
+       gpu_time(lambda: gpu.launch(small, e4m3), 50), small)
+out = gpu.launch(small, e4m3)
+report("copy of totals and window back", best(lambda: out[: gpu.HEAD + gpu.WINDOW].cpu(), 50),
+       small)
+head = out[: gpu.HEAD + gpu.WINDOW].cpu().numpy()
+report("unpack on the host", best(lambda: gpu._unpack(head, None, small.numel(), 128), 50),
+       small)
+
+
+def configure(elements, min_blocks):
+    gpu.ELEMENTS, gpu.MIN_BLOCKS = elements, min_blocks
+    gpu._compiled.cache_clear()
+    gpu._prepared.cache_clear()
+
+
+for elements, min_blocks in ((16, 2), (8, 5), (8, 3)):
+    configure(elements, min_blocks)
+    report(f"{elements} elements per thread, at least {min_blocks} blocks per SM",
+           best(lambda: gpu.quantize_blocks_cuda(x, e4m3)))
+configure(8, 4)
+for per_sm in (2, 4, 8, 16):
+    report(f"shipped, blocks of 128, {per_sm} thread blocks per SM",
+           best(lambda p=per_sm: gpu.quantize_blocks_cuda(x, e4m3, blocks_per_sm=p)))
+for block in (1, 32, 1024):
+    s = build_scheme(format=get_format("float8_e4m3fn"), block=block)
+    report(f"shipped, blocks of {block}", best(lambda s=s: gpu.quantize_blocks_cuda(x, s)))
+for fmt in ("float8_e5m2", "float6_e2m3fn", "float4_e2m1fn"):
+    s = build_scheme(format=get_format(fmt), block=128)
+    report(f"shipped, {fmt}", best(lambda s=s: gpu.quantize_blocks_cuda(x, s)))
+report("shipped, e4m3 with the magic-number cast",
+       best(lambda: gpu.quantize_blocks_cuda(x, e4m3, hardware_cast=False)))
+for dtype in (torch.bfloat16, torch.float16):
+    h = x.to(dtype)
+    report(f"shipped, {dtype} input", best(lambda h=h: gpu.quantize_blocks_cuda(h, e4m3)), h)
+
+VARIANTS = {
+    "no shared-memory atomics": ("atomicAdd(&window[slot], 1u);", "t.nan += slot;"),
+    "no relative error (one bin for all)": (
+        "const u32 bits = __float_as_uint(__fmul_rn(fabsf(err), inv));",
+        "const u32 bits = 0x3c000000u;"),
+    "no work: launch, zeroing, copy back only": ("for (; c0 < n_chunks; c0 += stride) {",
+                                                 "for (; c0 < 0; c0 += stride) {"),
+}
+original = gpu._SOURCE
+for name, (old, new) in VARIANTS.items():
+    assert old in original, name
+    gpu._SOURCE = original.replace(old, new)
+    gpu._compiled.cache_clear()
+    gpu._prepared.cache_clear()
+    report(f"variant: {name}", best(lambda: gpu.quantize_blocks_cuda(x, e4m3)))
+gpu._SOURCE = original
+gpu._compiled.cache_clear()
+gpu._prepared.cache_clear()

@@ -1,38 +1,404 @@
-"""The CUDA fast path of ``fmt quantize``: one fused Triton kernel per pass.
+"""The CUDA fast path of ``fmt quantize``: one fused kernel, one pass over the tensor.
 
 For blocks of B elements along the last axis (B a power of two up to 1024) with amax
-scales, nearest-even rounding and saturation, each program of the kernel loads tiles of
-blocks, takes each block's amax, its scale (``max / amax`` as one correctly rounded float32
-division, as the CPU engine), the scaled cast (the hardware's nearest-even, saturating
-conversion for E4M3 and E5M2; for other formats the CPU engine's magic-number addition,
-``rounding.round_float32_nearest_even``), divides back, and accumulates every statistic;
-programs add their totals with atomics.  Statistics equal the CPU engine's: the same
-counts, extrema and histogram bins (tests/test_gpu.py checks this on a GPU).
+scales, nearest-even rounding and saturation, the kernel reads each element once and does
+everything the CPU engine does with it:
 
-Median and p99 need the relative-error histogram.  Pass 1 counts it by binade (sign and
-exponent, 512 bins); the binades holding the two ranks are then counted again at the CPU
-histogram's full resolution (2**-7) in pass 2, which re-reads the tensor.  The histogram
-handed back is exact in those two binades (so both quantiles equal the CPU engine's) and
-counts every other binade at its lower edge.
+- the block's amax (an integer max of the magnitudes' bits, so NaN > inf > finite) across
+  the lanes that share the block;
+- its scale, ``max / amax`` as one correctly rounded float32 division, clamped as the
+  engine clamps it (``scaling``);
+- the scaled cast ``r = cast(x * scale)``: the hardware's nearest-even, saturating FP8
+  conversion (``cvt.rn.satfinite.e4m3x2.f32`` / ``e5m2x2``) for E4M3 and E5M2, otherwise the
+  engine's magic-number addition (``rounding.round_float32_nearest_even``);
+- ``x_q = r / scale``, correctly rounded, and every statistic of ``metrics.ErrorAccumulator``.
 
-torch and Triton are imported only here, only when this path runs.
+Median and p99 come from the same histogram as on the CPU: the top 16 bits of the float32
+relative error ``|x_q - x| / |x|``.  Every block of threads keeps the bins where nonzero
+relative errors fall (2**-32 up to 1, 4096 bins, 16 KiB of shared memory) and counts the
+two busiest bins -- exact 0 and exact 1, a flushed value -- in registers; bins outside that
+window go straight to the global histogram.  The relative error is taken with the fast
+approximate division (at most 2 ulp off) and redone as an IEEE division when it lands
+within 8 ulp of a bin edge, so every element lands in the bin the CPU gives it: the
+histogram, and so the quantiles, equal the CPU engine's exactly.
+
+The kernel is CUDA C, compiled at first use with NVRTC through
+``torch.cuda._compile_kernel`` (torch >= 2.8; the NVRTC library comes with torch's CUDA
+wheels).  Where that is missing, ``available()`` says so and quantize takes its general path.
+torch is imported only here, only when this path runs.
 """
 
 from __future__ import annotations
 
-import math
+import ctypes
+import functools
 
 import numpy as np
 
-from .metrics import HIST_BINS, ErrorAccumulator
+from .metrics import FINITE_BINS, HIST_BINS, ErrorAccumulator
 from .results import ScaleSummary
 from .rounding import OverflowPolicy, RoundingMode, beyond_threshold, magic_rounding_applies
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 
-COARSE_BINS = 512  # sign + exponent of the float32 relative error; the last bin (negative
-# NaN's) also takes the inputs outside the population (zero, NaN, inf, padding)
-ITERATIONS = 16
+THREADS = 256  # threads per block of the launch
+BLOCKS_PER_SM = 8  # blocks of threads launched per multiprocessor
+MIN_BLOCKS = 4  # blocks of threads each multiprocessor must hold at once (caps registers)
+ELEMENTS = 8  # elements per thread (at least; blocks over 256 elements: block / 32)
+WINDOW_LOW = 0x3000  # first histogram bin kept in shared memory: relative error 2**-32
+WINDOW = 4096  # bins kept in shared memory (up to 2**0 = 1.0, bin 0x3F80)
+DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+HARDWARE_CASTS = {"float8_e4m3fn": 1, "float8_e5m2": 2}
+# the kernel's output, one int64 vector: HEAD totals (these), the window's bins, then the
+# whole histogram (filled only for relative errors outside the window)
+HEAD = 16
+COUNTERS = ("zeros", "flushed_or_zero", "exact_or_zero", "nonfinite", "nan", "beyond", "pairs",
+            "nan_scales", "max_err_bits", "scale_max_bits", "scale_min_inverted_bits",
+            "sum_err", "sum_err2", "sum_x2", "outside")
+
+_SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+// the shared window's slots past its bins
+#define SLOT_REDO 0u
+#define SLOT_ZERO 1u
+#define SLOT_FLUSHED 2u
+#define SLOT_EXACT 3u
+// the output (HEAD, OUTSIDE: from the host): HEAD totals, then the window's bins, then the
+// whole histogram (for the rare relative errors outside the window)
+#define INF_BITS 0x7f800000u
+
+__device__ __forceinline__ u32 umax32(u32 a, u32 b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float half_bits_to_float(u32 h) {
+    float f;
+    unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+}
+
+// V elements of chunk c (zeros where not valid), as float32
+__device__ __forceinline__ void load(const void* src, long long c, bool valid, float* x) {
+#if DTYPE == 0
+    const float4* p = reinterpret_cast<const float4*>(src) + c * (V / 4);
+#pragma unroll
+    for (int k = 0; k < V / 4; ++k) {
+        float4 v = valid ? __ldcs(p + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[4 * k] = v.x; x[4 * k + 1] = v.y; x[4 * k + 2] = v.z; x[4 * k + 3] = v.w;
+    }
+#else
+    const uint4* p = reinterpret_cast<const uint4*>(src) + c * (V / 8);
+#pragma unroll
+    for (int k = 0; k < V / 8; ++k) {
+        uint4 v = valid ? __ldcs(p + k) : make_uint4(0u, 0u, 0u, 0u);
+        u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#if DTYPE == 1
+            x[8 * k + 2 * i] = __uint_as_float(w[i] << 16);
+            x[8 * k + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+#else
+            x[8 * k + 2 * i] = half_bits_to_float(w[i] & 0xffffu);
+            x[8 * k + 2 * i + 1] = half_bits_to_float(w[i] >> 16);
+#endif
+        }
+    }
+#endif
+}
+
+struct Params {
+    float fmax, beyond, scale_lo, scale_hi;
+    u32 magic_low, magic_high, magic_shift;
+};
+
+// nearest-even, saturating rounding of a and b to the target format, back in float32
+__device__ __forceinline__ void cast2(float a, float b, float& ra, float& rb, const Params& p) {
+#if CAST == 1 || CAST == 2
+    unsigned short packed;
+    u32 halves;
+#if CAST == 1
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(a), "f"(b));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(packed));
+#else
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(a), "f"(b));
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halves) : "h"(packed));
+#endif
+    ra = half_bits_to_float(halves >> 16);
+    rb = half_bits_to_float(halves & 0xffffu);
+#else
+    float in[2] = {a, b};
+    float out[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float m = fabsf(in[i]);
+        u32 e = __float_as_uint(m) & INF_BITS;
+        e = (e < p.magic_low ? p.magic_low : (e > p.magic_high ? p.magic_high : e))
+            + p.magic_shift;
+        float big = __uint_as_float(e);
+        float r = __fsub_rn(__fadd_rn(m, big), big);
+        r = copysignf(r, in[i]);
+        if (in[i] != in[i]) r = in[i];
+        if (fabsf(r) > p.fmax) r = copysignf(p.fmax, r);
+        out[i] = r;
+    }
+    ra = out[0];
+    rb = out[1];
+#endif
+}
+
+// Running totals of one thread.  flushed_or_zero counts flushed values and zero inputs,
+// err0_or_zero exact results of nonzero inputs and zero inputs: the host takes the zeros off.
+struct Totals {
+    double s_err, s_err2, s_x2;
+    float max_err;
+    u32 zero, flushed_or_zero, err0_or_zero, nonfinite, nan, beyond, pairs, nan_scale;
+    u32 scale_max, scale_min_inv;
+};
+
+// One nonzero, finite, not flushed relative error |err| / |x| into the histogram, with an
+// IEEE division: the shared window, else the global histogram (inf/NaN: the host ranks it).
+__device__ __forceinline__ void histogram_exact(float ae, float ax, u32* window, u64* out) {
+    const u32 key = __float_as_uint(__fdiv_rn(ae, ax)) >> 16;
+    if (key - WINDOW_LOW < WINDOW) {
+        atomicAdd(&window[key - WINDOW_LOW], 1u);
+    } else if (key < 0x7f80u) {
+        atomicAdd(&out[HEAD + WINDOW + key], 1ull);
+        atomicAdd(&out[OUTSIDE], 1ull);  // tells the host to copy the whole histogram
+    }
+}
+
+// 1 / s as __fdiv_rn refines it (approximate reciprocal and one Newton step)
+__device__ __forceinline__ float refined_reciprocal(float s) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(s));
+    return __fmaf_rn(y, __fmaf_rn(-s, y, 1.f), y);
+}
+
+// r / s with y = refined_reciprocal(s): __fdiv_rn's fast path (product, residual, correction)
+__device__ __forceinline__ float divide_clean(float r, float s, float y) {
+    const float q0 = __fmaf_rn(r, y, 0.f);
+    return __fmaf_rn(y, __fmaf_rn(-s, q0, r), q0);
+}
+
+// A chunk whose blocks are all clean: finite, max |x| in [2**-60, 2**60] or 0, no value
+// scaled past the rounding threshold, and a scale for which the dequantizing division can
+// use NVIDIA's own division sequence with the reciprocal taken once per block (the path
+// __fdiv_rn takes when its range check passes: the same result).  Branch-free per element:
+// every element adds 1 to one slot of the shared window -- its relative error's bin, or
+// the slot for zero inputs, flushed values, exact results, or (rare) relative errors that
+// the fast reciprocal (1 ulp) puts within 8 ulp of a bin edge or outside the window, which
+// are then redone with an IEEE division.
+__device__ __forceinline__ void chunk_clean(const float* x, const float* scale,
+                                            const float* recip, Totals& t, const Params& p,
+                                            u32* window, u64* out) {
+    float xs[V], r[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) xs[i] = __fmul_rn(x[i], scale[i / (V / G)]);
+#pragma unroll
+    for (int i = 0; i < V; i += 2) cast2(xs[i], xs[i + 1], r[i], r[i + 1], p);
+    float p_err = 0.f, p_err2 = 0.f, p_x2 = 0.f;
+    bool redo = false;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        const float xq = divide_clean(r[i], scale[i / (V / G)], recip[i / (V / G)]);
+        const float err = __fsub_rn(xq, x[i]);
+        p_err = __fadd_rn(p_err, err);
+        p_err2 = __fmaf_rn(err, err, p_err2);
+        p_x2 = __fmaf_rn(x[i], x[i], p_x2);
+        t.max_err = fmaxf(t.max_err, fabsf(err));
+        float inv;
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv) : "f"(fabsf(x[i])));
+        const u32 bits = __float_as_uint(__fmul_rn(fabsf(err), inv));
+        const u32 bin = (bits >> 16) - WINDOW_LOW;
+        const bool near = ((bits + 8u) & 0xffffu) < 16u || bin >= WINDOW;
+        u32 slot = near ? WINDOW + SLOT_REDO : bin;
+        slot = err == 0.f ? WINDOW + SLOT_EXACT : slot;
+        slot = r[i] == 0.f ? WINDOW + SLOT_FLUSHED : slot;
+        slot = x[i] == 0.f ? WINDOW + SLOT_ZERO : slot;
+        redo = redo || slot == WINDOW + SLOT_REDO;
+        atomicAdd(&window[slot], 1u);
+    }
+    t.s_err += (double)p_err;
+    t.s_err2 += (double)p_err2;
+    t.s_x2 += (double)p_x2;
+    t.pairs += V;
+    if (redo) {
+        for (int i = 0; i < V; ++i) {
+            const float xq = divide_clean(r[i], scale[i / (V / G)], recip[i / (V / G)]);
+            const float ae = fabsf(__fsub_rn(xq, x[i])), ax = fabsf(x[i]);
+            float inv;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv) : "f"(ax));
+            const u32 bits = __float_as_uint(__fmul_rn(ae, inv));
+            const bool near = ((bits + 8u) & 0xffffu) < 16u
+                              || (bits >> 16) - WINDOW_LOW >= WINDOW;
+            if (near && ae != 0.f && r[i] != 0.f) histogram_exact(ae, ax, window, out);
+        }
+    }
+}
+
+// Any chunk: inf/NaN inputs, extreme ranges, saturation; IEEE divisions, float64 sums.
+__device__ __forceinline__ void chunk_general(const float* x, const float* scale, Totals& t,
+                                           const Params& p, u32* window, u64* out) {
+    const float inf = __uint_as_float(INF_BITS);
+    float xs[V], r[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) xs[i] = __fmul_rn(x[i], scale[i / (V / G)]);
+#pragma unroll
+    for (int i = 0; i < V; i += 2) cast2(xs[i], xs[i + 1], r[i], r[i + 1], p);
+    for (int i = 0; i < V; ++i) {
+        const float xv = x[i];
+        const float xq = __fdiv_rn(r[i], scale[i / (V / G)]);
+        const float err = __fsub_rn(xq, xv);
+        const float ax = fabsf(xv), ae = fabsf(err);
+        const bool finite_x = ax < inf, finite_err = ae < inf;
+        if (finite_x && finite_err) {
+            t.s_err += (double)err;
+            t.s_err2 += (double)err * (double)err;
+            t.s_x2 += (double)xv * (double)xv;
+            t.max_err = fmaxf(t.max_err, ae);
+            t.pairs += 1u;
+        }
+        const bool population = finite_x && xv != 0.f;
+        t.zero += xv == 0.f;
+        t.nonfinite += !finite_x;
+        t.nan += (xq != xq) && (xv == xv);
+        t.beyond += fabsf(xs[i]) >= p.beyond;
+        t.flushed_or_zero += (population && xq == 0.f) || xv == 0.f;
+        t.err0_or_zero += (population && ae == 0.f) || xv == 0.f;
+        if (population && ae != 0.f && finite_err && xq != 0.f)
+            histogram_exact(ae, ax, window, out);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__ out,
+                   double fmax, double beyond, double scale_lo, double scale_hi,
+                   int magic_low, int magic_high, int magic_shift) {
+    __shared__ u32 window[WINDOW + 4];
+    for (int i = threadIdx.x; i < WINDOW + 4; i += THREADS) window[i] = 0u;
+    __syncthreads();
+    Params p;
+    p.fmax = (float)fmax;
+    p.beyond = (float)beyond;
+    p.scale_lo = (float)scale_lo;
+    p.scale_hi = (float)scale_hi;
+    p.magic_low = (u32)magic_low;
+    p.magic_high = (u32)magic_high;
+    p.magic_shift = (u32)magic_shift;
+    Totals t = {0.0, 0.0, 0.0, 0.f, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+    const int lane = threadIdx.x & 31;
+    const long long stride = (long long)gridDim.x * THREADS;
+    long long c0 = (long long)blockIdx.x * THREADS + (threadIdx.x & ~31);
+    float x[V], next[V];
+    load(src, c0 + lane, c0 + lane < n_chunks, x);
+    for (; c0 < n_chunks; c0 += stride) {
+        const long long c = c0 + lane;
+        const bool valid = c < n_chunks;  // the same for all L lanes of a block
+        load(src, c + stride, c + stride < n_chunks, next);  // in flight while this one runs
+        float scale[G], recip[G];
+        bool clean = true;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            u32 amax = 0u;  // integer max of the magnitudes: NaN > inf > finite
+#pragma unroll
+            for (int j = 0; j < V / G; ++j)
+                amax = umax32(amax, __float_as_uint(x[g * (V / G) + j]) & 0x7fffffffu);
+#pragma unroll
+            for (int off = L / 2; off > 0; off >>= 1)
+                amax = umax32(amax, __shfl_xor_sync(FULL, amax, off));
+            const float a = __uint_as_float(amax);
+            const bool mid = amax >= 0x21800000u && amax <= 0x5d800000u;  // [2**-60, 2**60]
+            float s;
+            // max / amax, clamped to the normal float32 range, as scaling.amax_to_scale
+            if (mid) s = fminf(fmaxf(divide_clean(p.fmax, a, refined_reciprocal(a)),
+                                     1.17549435e-38f), 3.40282347e+38f);  // = __fdiv_rn here
+            else if (amax == 0u) s = 1.f;                                // all zeros
+            else if (amax > INF_BITS) s = __uint_as_float(0x7fc00000u);  // NaN in the block
+            else if (amax == INF_BITS) s = 0.f;                          // inf in the block
+            else s = fminf(fmaxf(__fdiv_rn(p.fmax, a), 1.17549435e-38f), 3.40282347e+38f);
+            scale[g] = s;
+            recip[g] = refined_reciprocal(s);
+            clean = clean && (amax == 0u || mid) && s >= p.scale_lo && s <= p.scale_hi
+                    && __fmul_rn(a, s) < p.beyond;
+            if (valid && (lane & (L - 1)) == 0) {
+                if (s == s) {
+                    t.scale_max = umax32(t.scale_max, __float_as_uint(s));
+                    t.scale_min_inv = umax32(t.scale_min_inv, ~__float_as_uint(s));
+                } else {
+                    t.nan_scale += 1u;
+                }
+            }
+        }
+        if (valid) {
+            if (clean) chunk_clean(x, scale, recip, t, p, window, out);
+            else chunk_general(x, scale, t, p, window, out);
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) x[i] = next[i];
+    }
+    // this thread's totals: summed over the warp, then one atomic per warp
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        t.s_err += __shfl_xor_sync(FULL, t.s_err, off);
+        t.s_err2 += __shfl_xor_sync(FULL, t.s_err2, off);
+        t.s_x2 += __shfl_xor_sync(FULL, t.s_x2, off);
+        t.max_err = fmaxf(t.max_err, __shfl_xor_sync(FULL, t.max_err, off));
+        t.scale_max = umax32(t.scale_max, __shfl_xor_sync(FULL, t.scale_max, off));
+        t.scale_min_inv = umax32(t.scale_min_inv, __shfl_xor_sync(FULL, t.scale_min_inv, off));
+        t.zero += __shfl_xor_sync(FULL, t.zero, off);
+        t.flushed_or_zero += __shfl_xor_sync(FULL, t.flushed_or_zero, off);
+        t.err0_or_zero += __shfl_xor_sync(FULL, t.err0_or_zero, off);
+        t.nonfinite += __shfl_xor_sync(FULL, t.nonfinite, off);
+        t.nan += __shfl_xor_sync(FULL, t.nan, off);
+        t.beyond += __shfl_xor_sync(FULL, t.beyond, off);
+        t.pairs += __shfl_xor_sync(FULL, t.pairs, off);
+        t.nan_scale += __shfl_xor_sync(FULL, t.nan_scale, off);
+    }
+    // ... then over the block in shared memory, then one atomic per total and block
+    __shared__ double sums[3][THREADS / 32];
+    __shared__ u64 counts[11][THREADS / 32];
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sums[0][warp] = t.s_err;
+        sums[1][warp] = t.s_err2;
+        sums[2][warp] = t.s_x2;
+        counts[0][warp] = t.zero;
+        counts[1][warp] = t.flushed_or_zero;
+        counts[2][warp] = t.err0_or_zero;
+        counts[3][warp] = t.nonfinite;
+        counts[4][warp] = t.nan;
+        counts[5][warp] = t.beyond;
+        counts[6][warp] = t.pairs;
+        counts[7][warp] = t.nan_scale;
+        counts[8][warp] = __float_as_uint(t.max_err);
+        counts[9][warp] = t.scale_max;
+        counts[10][warp] = t.scale_min_inv;
+    }
+    __syncthreads();  // (also: every shared-memory histogram add is done)
+    if (threadIdx.x == 0) {
+        counts[0][0] += window[WINDOW + SLOT_ZERO];
+        counts[1][0] += window[WINDOW + SLOT_ZERO] + window[WINDOW + SLOT_FLUSHED];
+        counts[2][0] += window[WINDOW + SLOT_ZERO] + window[WINDOW + SLOT_EXACT];
+    }
+    __syncthreads();
+    u64* head = out;
+    if (threadIdx.x < 3) {
+        double total = 0.0;
+        for (int w = 0; w < THREADS / 32; ++w) total += sums[threadIdx.x][w];
+        atomicAdd(reinterpret_cast<double*>(head + 11 + threadIdx.x), total);
+    } else if (threadIdx.x < 14) {
+        const int k = threadIdx.x - 3;
+        u64 total = 0;
+        for (int w = 0; w < THREADS / 32; ++w)
+            total = k < 8 ? total + counts[k][w] : (total > counts[k][w] ? total : counts[k][w]);
+        if (k < 8) atomicAdd(&head[k], total);
+        else atomicMax(&head[k], total);
+    }
+    for (int i = threadIdx.x; i < WINDOW; i += THREADS)
+        if (window[i]) atomicAdd(&out[HEAD + i], (u64)window[i]);
+}
+"""
 
 
 def fast_path_applies(scheme: Scheme, shape: tuple[int, ...]) -> bool:
@@ -45,194 +411,195 @@ def fast_path_applies(scheme: Scheme, shape: tuple[int, ...]) -> bool:
             and scheme.rounding is RoundingMode.NEAREST_EVEN
             and scheme.overflow is OverflowPolicy.SATURATE
             and magic_rounding_applies(spec) and spec.has_zero and spec.signed
-            and 1 <= block <= 1024 and block & (block - 1) == 0 and cols % block == 0)
+            and 1 <= block <= 1024 and block & (block - 1) == 0
+            and cols % layout(block)[0] == 0)
 
 
-def _kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def quantize_stats(x_ptr, n_blocks, stats_ptr, imax_ptr, hist_ptr, fine_lo, fine_hi,
-                       fmax, beyond, magic_low, magic_high, magic_shift,
-                       BLOCK: tl.constexpr, TILE: tl.constexpr, ITERS: tl.constexpr,
-                       BINS: tl.constexpr, FINE: tl.constexpr, HIST: tl.constexpr,
-                       CAST: tl.constexpr, WIDE: tl.constexpr):
-        pid = tl.program_id(0)
-        rows = tl.arange(0, TILE)
-        cols = tl.arange(0, BLOCK)
-        fmax_v = tl.full([TILE], 1.0, tl.float32) * fmax
-        acc_err = tl.zeros([TILE], dtype=tl.float32)
-        acc_err2 = tl.zeros([TILE], dtype=tl.float32)
-        acc_x2 = tl.zeros([TILE], dtype=tl.float32)
-        acc_max = tl.zeros([TILE], dtype=tl.float32)
-        n_zero = tl.zeros([TILE], dtype=tl.int32)
-        n_flushed = tl.zeros([TILE], dtype=tl.int32)
-        n_nonfinite = tl.zeros([TILE], dtype=tl.int32)
-        n_nan = tl.zeros([TILE], dtype=tl.int32)
-        n_beyond = tl.zeros([TILE], dtype=tl.int32)
-        n_pairs = tl.zeros([TILE], dtype=tl.int32)
-        s_max = tl.zeros([TILE], dtype=tl.float32)
-        s_min = tl.full([TILE], float("inf"), tl.float32)
-        n_nan_scale = tl.zeros([TILE], dtype=tl.int32)
-        hist = tl.zeros([BINS], dtype=tl.int32)
-        for it in range(ITERS):
-            block_ids = (pid * ITERS + it) * TILE + rows
-            valid = block_ids < n_blocks
-            if WIDE:
-                offs = block_ids.to(tl.int64)[:, None] * BLOCK + cols[None, :]
-            else:
-                offs = block_ids[:, None] * BLOCK + cols[None, :]
-            mask = valid[:, None] & (cols[None, :] < BLOCK)
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            a = tl.abs(x)
-            has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
-            amax = tl.max(a, axis=1)
-            amax = tl.where(has_nan, float("nan"), amax)
-            scale = tl.math.div_rn(fmax_v, amax)
-            scale = tl.minimum(tl.maximum(scale, 1.1754943508222875e-38), 3.4028234663852886e38)
-            scale = tl.where(amax == 0, 1.0, scale)
-            scale = tl.where(amax == float("inf"), 0.0, scale)
-            scale = tl.where(amax != amax, float("nan"), scale)
-            scale_ok = valid & (scale == scale)
-            s_max = tl.maximum(s_max, tl.where(scale_ok, scale, 0.0))
-            s_min = tl.minimum(s_min, tl.where(scale_ok, scale, float("inf")))
-            n_nan_scale += (valid & (scale != scale)).to(tl.int32)
-            xs = x * scale[:, None]
-            m = tl.abs(xs)
-            if CAST == 1:  # the hardware's nearest-even, saturating FP8 conversions
-                r = xs.to(tl.float8e4nv).to(tl.float32)
-            elif CAST == 2:
-                r = xs.to(tl.float8e5).to(tl.float32)
-            else:  # the engine's magic-number rounding, for every other format
-                bits = m.to(tl.int32, bitcast=True) & 0x7F800000
-                bits = tl.minimum(tl.maximum(bits, magic_low), magic_high) + magic_shift
-                big = bits.to(tl.float32, bitcast=True)
-                r = (m + big) - big
-                r = tl.where(xs < 0, -r, r)
-                r = tl.where(xs != xs, xs, r)
-                r = tl.where(tl.abs(r) > fmax, tl.where(r > 0, fmax, -fmax), r)
-            xq = tl.math.div_rn(r, tl.broadcast_to(scale[:, None], (TILE, BLOCK)))
-            err = xq - x
-            finite_x = (a == a) & (a != float("inf"))
-            population = mask & finite_x & (x != 0)
-            if not FINE:  # pass 2 only refines the histogram
-                finite = finite_x & (err == err) & (tl.abs(err) != float("inf")) & mask
-                e = tl.where(finite, err, 0.0)
-                acc_err += tl.sum(e, axis=1)
-                acc_err2 += tl.sum(e * e, axis=1)
-                xf = tl.where(finite, x, 0.0)
-                acc_x2 += tl.sum(xf * xf, axis=1)
-                acc_max = tl.maximum(acc_max, tl.max(tl.abs(e), axis=1))
-                n_pairs += tl.sum(finite.to(tl.int32), axis=1)
-                n_zero += tl.sum(((x == 0) & mask).to(tl.int32), axis=1)
-                n_flushed += tl.sum((population & (xq == 0)).to(tl.int32), axis=1)
-                n_nonfinite += tl.sum((mask & ~finite_x).to(tl.int32), axis=1)
-                n_nan += tl.sum((mask & (xq != xq) & (x == x)).to(tl.int32), axis=1)
-                n_beyond += tl.sum((mask & (m >= beyond) & (xs == xs)).to(tl.int32), axis=1)
-            rel = tl.math.div_rn(tl.abs(xq - x), a)
-            key = rel.to(tl.int32, bitcast=True)
-            coarse = (key >> 23) & 0x1FF
-            if FINE:
-                fine = (key >> 16) & 127
-                idx = tl.where(coarse == fine_lo, fine, tl.where(coarse == fine_hi, 128 + fine,
-                                                                 BINS - 1))
-            else:
-                idx = coarse
-            idx = tl.where(population, idx, BINS - 1)
-            if HIST:
-                hist += tl.histogram(tl.reshape(idx, [TILE * BLOCK]), BINS)
-        tl.atomic_add(hist_ptr + tl.arange(0, BINS), hist)
-        tl.atomic_add(stats_ptr + 0, tl.sum(acc_err.to(tl.float64)))
-        tl.atomic_add(stats_ptr + 1, tl.sum(acc_err2.to(tl.float64)))
-        tl.atomic_add(stats_ptr + 2, tl.sum(acc_x2.to(tl.float64)))
-        tl.atomic_max(imax_ptr + 0, tl.max(acc_max).to(tl.int32, bitcast=True))
-        tl.atomic_add(imax_ptr + 1, tl.sum(n_zero))
-        tl.atomic_add(imax_ptr + 2, tl.sum(n_flushed))
-        tl.atomic_add(imax_ptr + 3, tl.sum(n_nonfinite))
-        tl.atomic_add(imax_ptr + 4, tl.sum(n_nan))
-        tl.atomic_add(imax_ptr + 5, tl.sum(n_beyond))
-        tl.atomic_add(imax_ptr + 6, tl.sum(n_pairs))
-        tl.atomic_max(imax_ptr + 7, tl.max(s_max).to(tl.int32, bitcast=True))
-        tl.atomic_min(imax_ptr + 8, tl.min(s_min).to(tl.int32, bitcast=True))
-        tl.atomic_add(imax_ptr + 9, tl.sum(n_nan_scale))
-
-    return quantize_stats
+def available() -> bool:
+    """Whether this torch can compile the kernel (NVRTC through ``_compile_kernel``) and a
+    CUDA device is there."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
 
 
-_KERNEL = None
+def layout(block: int) -> tuple[int, int, int]:
+    """(V, L, G): elements per thread, lanes sharing one block, blocks per thread."""
+    v = max(ELEMENTS, block // 32)
+    if block >= v:
+        return v, block // v, 1
+    return v, 1, v // block
 
 
-def quantize_blocks_cuda(x, scheme: Scheme, *, tile_elements: int = 4096,
-                         iterations: int = ITERATIONS, num_warps: int = 4,
-                         histogram: bool = True, hardware_cast: bool = True
-                         ) -> tuple[ErrorAccumulator, ScaleSummary]:
-    """Statistics of ``scheme`` (see ``fast_path_applies``) on a contiguous CUDA tensor, and
-    a summary of its scales (count, min, max, NaN; distinct values are not counted here)."""
+def kernel_source(block: int, dtype: int, cast: int) -> str:
+    """The CUDA C source for blocks of ``block`` elements, input ``DTYPES`` code ``dtype``
+    and cast ``cast`` (``HARDWARE_CASTS`` code, 0 for the magic-number rounding)."""
+    v, lanes, groups = layout(block)
+    return (f"#define V {v}\n#define L {lanes}\n#define G {groups}\n#define DTYPE {dtype}\n"
+            f"#define CAST {cast}\n#define THREADS {THREADS}\n#define MIN_BLOCKS {MIN_BLOCKS}\n"
+            f"#define WINDOW_LOW {WINDOW_LOW}u\n#define WINDOW {WINDOW}u\n"
+            f"#define HEAD {HEAD}\n#define OUTSIDE {COUNTERS.index('outside')}\n") + _SOURCE
+
+
+def compile_kernel(source: str, name: str):
+    """NVRTC-compile ``source`` for the current device, without contracting a * b + c into
+    fused multiply-adds where the source does not ask for them (the engine's rounding
+    depends on each step being rounded)."""
     import torch
-    import triton
 
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _kernel()
+    return torch.cuda._compile_kernel(source, name, nvcc_options=["-fmad=false"])
+
+
+def quantize_blocks_cuda(x, scheme: Scheme, *, hardware_cast: bool = True,
+                         blocks_per_sm: int = BLOCKS_PER_SM
+                         ) -> tuple[ErrorAccumulator, ScaleSummary]:
+    """Statistics of ``scheme`` (see ``fast_path_applies``) on a CUDA tensor of float32,
+    bfloat16 or float16, and a summary of its scales (count, min, max, NaN; distinct values
+    are not counted here).  One kernel launch and one small copy back to the host."""
+    import torch
+
+    x = x.contiguous().reshape(-1)
+    out = launch(x, scheme, hardware_cast=hardware_cast, blocks_per_sm=blocks_per_sm)
+    pinned = _pinned(x.device.index or 0)
+    pinned.copy_(out[:HEAD + WINDOW], non_blocking=True)
+    torch.cuda.current_stream(x.device).synchronize()
+    head = pinned.numpy().copy()
+    outside = out[HEAD + WINDOW:].cpu().numpy() if head[COUNTERS.index("outside")] else None
+    return _unpack(head, outside, x.numel(), scheme.block)
+
+
+def launch(x, scheme: Scheme, *, hardware_cast: bool = True,
+           blocks_per_sm: int = BLOCKS_PER_SM):
+    """Start the kernel on the flat contiguous CUDA tensor ``x``; its output vector (on the
+    device, ready once the current stream gets there)."""
+    import torch
+
     spec = scheme.format
     block = scheme.block
-    x = x.contiguous().reshape(-1)
-    n_blocks = x.numel() // block
-    tile = max(1, tile_elements // block)
-    grid = (triton.cdiv(n_blocks, tile * iterations),)
-    m = spec.mantissa_bits
-    low = int(np.float32(spec.smallest_normal).view(np.int32))
-    high = int(np.float32(2.0 ** (spec.max_exponent + 1)).view(np.int32))
-    beyond = beyond_threshold(spec)
-    device = x.device
-    cast_kind = {"float8_e4m3fn": 1, "float8_e5m2": 2}.get(spec.name, 0) if hardware_cast else 0
+    dtype = DTYPES[str(x.dtype).removeprefix("torch.")]
+    v, _, _ = layout(block)
+    if x.numel() % block or x.numel() % v:
+        raise ValueError("the tensor must hold whole blocks of 8 or more elements")
+    n_chunks = x.numel() // v
+    if n_chunks >= 2**31:
+        raise ValueError("tensor too large for one launch")
+    cast = HARDWARE_CASTS.get(spec.name, 0) if hardware_cast else 0
+    prepared = _prepared(spec, block, dtype, cast, x.device.index or 0, blocks_per_sm)
+    out = torch.zeros(HEAD + WINDOW + HIST_BINS, dtype=torch.int64, device=x.device)
+    if n_chunks:
+        prepared(x, n_chunks, out)
+    return out
 
-    def run(fine_lo: int, fine_hi: int, fine: bool):
-        stats = torch.zeros(3, dtype=torch.float64, device=device)
-        ints = torch.zeros(10, dtype=torch.int32, device=device)
-        ints[8] = int(np.float32(np.inf).view(np.int32))
-        hist = torch.zeros(COARSE_BINS, dtype=torch.int32, device=device)
-        _KERNEL[grid](x, n_blocks, stats, ints, hist, fine_lo, fine_hi, float(spec.max),
-                      beyond, low, high, (23 - m) << 23, BLOCK=block, TILE=tile,
-                      ITERS=iterations, BINS=COARSE_BINS, FINE=fine, HIST=histogram,
-                      CAST=cast_kind, WIDE=x.numel() + tile * iterations * block >= 2**31,
-                      num_warps=num_warps)
-        return stats.cpu().numpy(), ints.cpu().numpy().astype(np.int64), hist.cpu().numpy()
 
-    stats, ints, coarse = run(0, 0, False)
-    count = x.numel()
-    acc = ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64))
+@functools.lru_cache(maxsize=32)
+def _compiled(block: int, dtype: int, cast: int):
+    return compile_kernel(kernel_source(block, dtype, cast), "fmt_quantize_stats")
+
+
+@functools.lru_cache(maxsize=1)
+def _cu_launch_kernel():
+    """The driver's cuLaunchKernel (libcuda is loaded already: torch uses it)."""
+    return ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+
+
+class _Prepared:
+    """A compiled kernel with its scalar arguments and grid made once per format, block
+    size, dtype and device: a launch is then one driver call."""
+
+    def __init__(self, spec, block: int, dtype: int, cast: int, device_index: int,
+                 blocks_per_sm: int):
+        import torch
+
+        self.kernel = _compiled(block, dtype, cast)
+        m = spec.mantissa_bits
+        lo, hi = clean_scales(spec)
+        self.scalars = [ctypes.c_double(spec.max), ctypes.c_double(beyond_threshold(spec)),
+                        ctypes.c_double(lo), ctypes.c_double(hi),
+                        ctypes.c_int(int(np.float32(spec.smallest_normal).view(np.int32))),
+                        ctypes.c_int(int(np.float32(2.0 ** (spec.max_exponent + 1))
+                                         .view(np.int32))),
+                        ctypes.c_int((23 - m) << 23)]
+        sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+        self.grid = sms * blocks_per_sm
+
+    def __call__(self, x, n_chunks: int, out) -> None:
+        import torch
+
+        grid = max(1, min(self.grid, -(-n_chunks // THREADS)))
+        func = getattr(self.kernel, "func", None)
+        if func is None:  # a torch whose kernel object differs: its own launcher
+            self.kernel(grid=(grid, 1, 1), block=(THREADS, 1, 1),
+                        args=[x, n_chunks, out, *(v.value for v in self.scalars)])
+            return
+        values = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(n_chunks),
+                  ctypes.c_void_p(out.data_ptr()), *self.scalars]
+        args = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        stream = ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream)
+        rc = _cu_launch_kernel()(func, grid, 1, 1, THREADS, 1, 1, 0, stream, args, None)
+        if rc:
+            raise RuntimeError(f"CUDA error {rc} launching fmtcli's quantize kernel")
+
+
+@functools.lru_cache(maxsize=64)
+def _prepared(spec, block: int, dtype: int, cast: int, device_index: int,
+              blocks_per_sm: int) -> _Prepared:
+    return _Prepared(spec, block, dtype, cast, device_index, blocks_per_sm)
+
+
+@functools.lru_cache(maxsize=8)
+def _pinned(device_index: int):
+    """A page-locked host buffer for the totals and window (one per device)."""
+    import torch
+
+    return torch.empty(HEAD + WINDOW, dtype=torch.int64, pin_memory=True)
+
+
+def clean_scales(spec) -> tuple[float, float]:
+    """The scales for which the kernel dequantizes with a reciprocal taken once per block.
+
+    NVIDIA's IEEE division (``__fdiv_rn``) refines a reciprocal of the divisor, multiplies,
+    and corrects with two fused multiply-adds, after a range check (``FCHK``) that sends
+    extreme operands to a slow path.  For ``r / scale`` with r on the format's grid, scale,
+    every nonzero quotient and r itself within [2**-100, 2**100] keep clear of that range,
+    so the kernel runs the same sequence with the reciprocal hoisted out of the block:
+    the same results (tests/test_gpu.py compares them on every value of several formats).
+    """
+    low = max(2.0 ** -100, spec.max * 2.0 ** -100)
+    high = min(2.0 ** 100, spec.smallest_subnormal * 2.0 ** 100)
+    if spec.smallest_subnormal < 2.0 ** -100 or spec.max > 2.0 ** 100 or low > high:
+        return 1.0, 0.0  # never
+    return float(np.float32(low)), float(np.float32(high))
+
+
+def _unpack(head: np.ndarray, outside: np.ndarray | None, count: int, block: int
+            ) -> tuple[ErrorAccumulator, ScaleSummary]:
+    """The accumulator and scale summary from the kernel's totals and window of bins (and
+    the whole histogram where some relative errors fell outside the window)."""
+    c = dict(zip(COUNTERS, head[:len(COUNTERS)].tolist()))
+    hist = np.zeros(HIST_BINS, np.int64) if outside is None else outside.copy()
+    hist[WINDOW_LOW:WINDOW_LOW + WINDOW] += head[HEAD:HEAD + WINDOW]
+    acc = ErrorAccumulator(hist=hist)
     acc.count = count
-    acc.zeros = int(ints[1])
-    acc.flushed = int(ints[2])
-    acc.nonfinite_inputs = int(ints[3])
-    acc.nan_produced = int(ints[4])
-    acc.saturated = int(ints[5])
-    acc.finite_pairs = int(ints[6])
+    acc.zeros = c["zeros"]
+    acc.flushed = c["flushed_or_zero"] - acc.zeros
+    acc.nonfinite_inputs = c["nonfinite"]
+    acc.nan_produced = c["nan"]
+    acc.saturated = c["beyond"]
+    acc.finite_pairs = c["pairs"]
     acc.nonzero = count - acc.zeros - acc.nonfinite_inputs
-    acc.sum_err, acc.sum_err2, acc.sum_x2 = (float(v) for v in stats)
-    acc.max_abs_err = float(np.int32(ints[0]).view(np.float32))
-    coarse = coarse.astype(np.int64)
-    coarse[255:] = 0  # inf/NaN binades and the dump: counted back below, past the finite bins
-    # the binades holding the median and p99 ranks, counted again at full resolution
-    cumulative = np.cumsum(coarse)
-    wanted = []
-    for q in (0.5, 0.99):
-        rank = max(1, math.ceil(q * acc.nonzero))
-        if acc.nonzero and rank <= cumulative[-1]:
-            wanted.append(int(np.searchsorted(cumulative, rank)))
-    wanted = (wanted + wanted)[:2] if wanted else [0, 0]
-    _, _, fine = run(wanted[0], wanted[1], True)
-    for binade in range(255):
-        acc.hist[binade << 7] = coarse[binade]
-    for slot, binade in enumerate(dict.fromkeys(wanted)):
-        acc.hist[binade << 7: (binade + 1) << 7] = fine[slot * 128:(slot + 1) * 128]
-    # population elements whose relative error is inf or NaN (x_q inf/NaN) rank last, in
-    # the bins past the finite ones, as on the CPU
-    acc.hist[0x7F80] = acc.nonzero - int(acc.hist[:0x7F80].sum())
-    summary = ScaleSummary(count=n_blocks, nan=int(ints[9]), counted=False)
+    first = COUNTERS.index("sum_err")
+    acc.sum_err, acc.sum_err2, acc.sum_x2 = head[first:first + 3].view(np.float64).tolist()
+    acc.max_abs_err = float(np.uint32(c["max_err_bits"]).view(np.float32))
+    hist[0] += c["exact_or_zero"] - acc.zeros  # exact results of nonzero inputs
+    hist[0x3F80] += acc.flushed  # relative error exactly 1
+    # population elements whose relative error is inf or NaN (x_q inf/NaN) rank last, past
+    # the finite bins, as on the CPU
+    hist[FINITE_BINS] += acc.nonzero - int(hist[:FINITE_BINS].sum())
+    n_blocks = count // block
+    summary = ScaleSummary(count=n_blocks, nan=c["nan_scales"], counted=False)
     if n_blocks > summary.nan:
-        summary.high = float(np.int32(ints[7]).view(np.float32))
-        summary.low = float(np.int32(ints[8]).view(np.float32))
+        summary.high = float(np.uint32(c["scale_max_bits"]).view(np.float32))
+        summary.low = float(np.uint32(~np.uint32(c["scale_min_inverted_bits"])).view(np.float32))
     return acc, summary

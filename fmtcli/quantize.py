@@ -265,24 +265,23 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
 
 
 def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> bool:
-    """Whether the fused Triton kernel (``gpu``) takes this tensor: torch on CUDA for every
+    """Whether the fused CUDA kernel (``gpu``) takes this tensor: torch on CUDA for every
     scheme, blocks along the last axis with amax scales, float32/bfloat16/float16 data."""
     if not casts or any(c != (Backend.TORCH, Device.CUDA) for c in casts):
         return False
     if source.dtype not in ("float32", "bfloat16", "float16"):
         return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    from .gpu import available, fast_path_applies
+
+    if not available():
         return False
-    from .gpu import fast_path_applies
 
     return all(fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
                for s in schemes)
 
 
 def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress):
-    """The whole tensor on the GPU, each scheme by the fused kernel (two passes)."""
+    """The whole tensor on the GPU, each scheme by the fused kernel (one pass each)."""
     import torch
 
     from .gpu import quantize_blocks_cuda

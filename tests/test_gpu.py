@@ -1,18 +1,24 @@
-"""The fused CUDA path of quantize equals the CPU engine (runs only where CUDA and Triton are)."""
+"""The fused CUDA path of quantize equals the CPU engine (runs only where CUDA is).
+
+On a GPU machine: ``pip install -e '.[test]' torch && python -m pytest tests/test_gpu.py``.
+"""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from fmtcli import get_format
+from fmtcli.metrics import FINITE_BINS, ErrorAccumulator
 from fmtcli.quantize import quantize
 from fmtcli.results import SchemeStats
+from fmtcli.rounding import round_to_format
+from fmtcli.scaling import amax_to_scale
 from fmtcli.schemes import build_scheme
 from fmtcli.tensors import TensorSource
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 EXACT = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated", "overflowed",
@@ -21,30 +27,36 @@ EXACT = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated"
 
 def cases():
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((64, 512)) * 0.02).astype(np.float32)
+    x = (rng.standard_normal((64, 2048)) * 0.02).astype(np.float32)
     x[3, 7] = 40.0
-    x[10, :128] = 0
+    x[10, :1024] = 0
     y = x.copy()
     y[5, 5], y[6, 6], y[7, 9] = np.nan, np.inf, -np.inf
-    sign = np.where(rng.random((32, 256)) < 0.5, -1, 1).astype(np.float32)
-    z = np.exp(rng.normal(-20, 8, (32, 256))).astype(np.float32) * sign
-    return {"outlier": x, "nan-inf": y, "wide": z}
+    sign = np.where(rng.random((32, 1024)) < 0.5, -1, 1).astype(np.float32)
+    z = np.exp(rng.normal(-20, 8, (32, 1024))).astype(np.float32) * sign
+    # sums of squares beyond float32's range (the kernel's float64 sums)
+    w = (rng.standard_normal((16, 1024)) * np.float32(1e25)).astype(np.float32)
+    w[::2] *= np.float32(1e-25)
+    w[::2] *= np.float32(1e-25)
+    return {"outlier": x, "nan-inf": y, "wide": z, "extreme": w}
 
 
-@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float16", "float6_e2m3fn",
-                                 "float4_e2m1fn"])
-@pytest.mark.parametrize("block", [32, 128])
-@pytest.mark.parametrize("name", ["outlier", "nan-inf", "wide"])
-def test_cuda_kernel_equals_the_cpu_engine(fmt, block, name):
-    from fmtcli.gpu import fast_path_applies, quantize_blocks_cuda
-
-    data = cases()[name]
-    scheme = build_scheme(format=get_format(fmt), block=block)
-    assert fast_path_applies(scheme, data.shape)
-    source = TensorSource("t", None, data.shape, "float32", lambda: data)
+def cpu_and_gpu(data, scheme, dtype="float32"):
+    """SchemeStats of the CPU engine and of the CUDA kernel on the same data."""
+    array = data.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else data.astype(dtype)
+    source = TensorSource("t", None, data.shape, dtype, lambda: array)
     cpu = quantize([source], [scheme], workers=1).tensors[0].schemes[0]
-    acc, summary = quantize_blocks_cuda(torch.from_numpy(data).cuda(), scheme)
-    gpu = SchemeStats.from_accumulator(scheme, acc, summary)
+    from fmtcli.gpu import quantize_blocks_cuda
+
+    if dtype == "bfloat16":
+        x = torch.from_numpy(array.view(np.int16)).cuda().view(torch.bfloat16)
+    else:
+        x = torch.from_numpy(array).cuda()
+    acc, summary = quantize_blocks_cuda(x, scheme)
+    return cpu, SchemeStats.from_accumulator(scheme, acc, summary), acc
+
+
+def assert_same(cpu, gpu):
     for key in EXACT:
         a, b = getattr(cpu, key), getattr(gpu, key)
         assert a == b or (np.isnan(a) and np.isnan(b)), (key, a, b)
@@ -52,6 +64,50 @@ def test_cuda_kernel_equals_the_cpu_engine(fmt, block, name):
         a, b = getattr(cpu, key), getattr(gpu, key)
         assert np.isclose(a, b, rtol=1e-5, atol=1e-12) or a == b, (key, a, b)
     assert (gpu.scales["min"], gpu.scales["max"]) == (cpu.scales["min"], cpu.scales["max"])
+    assert gpu.scales["count"] == cpu.scales["count"]
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float16", "float6_e2m3fn",
+                                 "float4_e2m1fn"])
+@pytest.mark.parametrize("block", [1, 4, 32, 128, 1024])
+@pytest.mark.parametrize("name", ["outlier", "nan-inf", "wide", "extreme"])
+def test_cuda_kernel_equals_the_cpu_engine(fmt, block, name):
+    from fmtcli.gpu import fast_path_applies
+
+    data = cases()[name]
+    scheme = build_scheme(format=get_format(fmt), block=block)
+    assert fast_path_applies(scheme, data.shape)
+    cpu, gpu, _ = cpu_and_gpu(data, scheme)
+    assert_same(cpu, gpu)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("block", [8, 128, 512])
+def test_half_precision_inputs(dtype, block):
+    data = cases()["outlier"]
+    scheme = build_scheme(format=get_format("float8_e4m3fn"), block=block)
+    cpu, gpu, _ = cpu_and_gpu(data, scheme, dtype)
+    assert_same(cpu, gpu)
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "e3m4", "float6_e3m2fn"])
+def test_every_histogram_bin_equals_the_cpu_engine(fmt):
+    """Not only the two quantiles: every finite bin of the relative-error histogram."""
+    rng = np.random.default_rng(3)
+    data = np.exp(rng.normal(-3, 4, (256, 1024))).astype(np.float32)
+    data *= np.where(rng.random(data.shape) < 0.5, -1, 1).astype(np.float32)
+    spec = get_format(fmt)
+    scheme = build_scheme(format=spec, block=64)
+    blocks = data.reshape(-1, 64)
+    scale = amax_to_scale(np.abs(blocks).max(axis=1, keepdims=True), spec).astype(np.float32)
+    with np.errstate(all="ignore"):
+        r = round_to_format(blocks * scale, spec, overflow="saturate")
+        xq = (r / scale).astype(np.float32)
+    reference = ErrorAccumulator()
+    reference.add_chunk(blocks, xq)
+    _, _, acc = cpu_and_gpu(data, scheme)
+    assert np.array_equal(acc.hist[:FINITE_BINS], reference.hist[:FINITE_BINS])
+    assert acc.flushed == reference.flushed and acc.nonzero == reference.nonzero
 
 
 def test_quantize_takes_the_fast_path_on_cuda():
@@ -63,3 +119,57 @@ def test_quantize_takes_the_fast_path_on_cuda():
     assert stats.scales["distinct"] is None  # the CUDA path does not count distinct scales
     cpu = quantize([source], schemes).tensors[0].schemes[0]
     assert (stats.flushed, stats.median_rel_error) == (cpu.flushed, cpu.median_rel_error)
+
+
+CHECK_DIVISION = r"""
+extern "C" __global__ void check_division(const float* r, int nr, const float* s, int ns,
+                                          unsigned int* mismatches) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= ns) return;
+    const float scale = s[i], y = refined_reciprocal(scale);
+    unsigned int bad = 0;
+    for (int k = 0; k < nr; ++k)
+        bad += divide_clean(r[k], scale, y) != __fdiv_rn(r[k], scale);
+    atomicAdd(mismatches, bad);
+}
+"""
+
+
+@pytest.mark.parametrize("fmt,n_scales", [("float8_e4m3fn", 1 << 18), ("float8_e5m2", 1 << 18),
+                                          ("float6_e2m3fn", 1 << 18), ("float4_e2m1fn", 1 << 18),
+                                          ("e3m4", 1 << 16), ("float16", 1 << 12)])
+def test_the_clean_division_is_ieee_division(fmt, n_scales):
+    """The kernel's dequantizing division (reciprocal once per block) equals __fdiv_rn for
+    every finite value of the format and log-uniform scales over the range it is used in,
+    its two ends and the powers of two there; so does its max / amax."""
+    from fmtcli import gpu
+    from fmtcli.rounding import all_values
+
+    spec = get_format(fmt)
+    lo, hi = gpu.clean_scales(spec)
+    assert lo < hi
+    values = all_values(spec).astype(np.float32)
+    values = values[np.isfinite(values)]
+    rng = np.random.default_rng(7)
+    scales = np.exp2(rng.uniform(np.log2(lo), np.log2(hi), n_scales)).astype(np.float32)
+    powers = np.exp2(np.arange(np.ceil(np.log2(lo)), np.floor(np.log2(hi)) + 1))
+    scales = np.concatenate([scales, np.float32([lo, hi]), powers.astype(np.float32)])
+    assert mismatches(values, scales) == 0
+    # the scale itself, max / amax, for amax in [2**-60, 2**60]
+    amaxes = np.exp2(rng.uniform(-60, 60, 1 << 20)).astype(np.float32)
+    amaxes = np.concatenate([amaxes, np.float32([2.0 ** -60, 2.0 ** 60])])
+    assert mismatches(np.float32([spec.max]), amaxes) == 0
+
+
+def mismatches(dividends: np.ndarray, divisors: np.ndarray) -> int:
+    """How many of the quotients (every dividend by every divisor) the kernel's division
+    gets different from __fdiv_rn."""
+    from fmtcli import gpu
+
+    kernel = gpu.compile_kernel(gpu.kernel_source(128, 0, 0) + CHECK_DIVISION, "check_division")
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    r = torch.from_numpy(dividends).cuda()
+    s = torch.from_numpy(divisors).cuda()
+    kernel(grid=(-(-s.numel() // 256), 1, 1), block=(256, 1, 1),
+           args=[r, r.numel(), s, s.numel(), count])
+    return int(count.item())
