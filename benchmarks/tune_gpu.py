@@ -15,6 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np
 import torch
 
 from fmtcli import gpu
@@ -65,27 +66,27 @@ report("kernel alone (back to back, CUDA events)", gpu_time(lambda: gpu.launch(f
 small = flat[: 1 << 16]
 report("whole call on 64K elements (fixed costs)",
        best(lambda: gpu.quantize_blocks_cuda(small, e4m3), 50), small)
-report("launch alone on 64K elements (zeroing + launch)",
+report("launch alone on 64K elements (GPU time)",
        gpu_time(lambda: gpu.launch(small, e4m3), 50), small)
-out = gpu.launch(small, e4m3)
-report("copy of totals and window back", best(lambda: out[: gpu.HEAD + gpu.WINDOW].cpu(), 50),
-       small)
-head = out[: gpu.HEAD + gpu.WINDOW].cpu().numpy()
-report("unpack on the host", best(lambda: gpu._unpack(head, None, small.numel(), 128), 50),
-       small)
+buffers = gpu.launch(small, e4m3)
+torch.cuda.synchronize()
+head = buffers.host[: gpu.HEAD + gpu.WINDOW].copy()
+report("unpack on the host",
+       best(lambda: gpu._unpack(head, np.zeros(gpu.HIST_BINS, np.int64), small.numel(), 128),
+            50), small)
 
 
 def configure(elements, min_blocks):
     gpu.ELEMENTS, gpu.MIN_BLOCKS = elements, min_blocks
     gpu._compiled.cache_clear()
-    gpu._prepared.cache_clear()
+    gpu._PREPARED.clear()
 
 
-for elements, min_blocks in ((16, 2), (8, 5), (8, 3)):
+for elements, min_blocks in ((8, 4), (32, 1)):
     configure(elements, min_blocks)
     report(f"{elements} elements per thread, at least {min_blocks} blocks per SM",
            best(lambda: gpu.quantize_blocks_cuda(x, e4m3)))
-configure(8, 4)
+configure(16, 2)
 for per_sm in (2, 4, 8, 16):
     report(f"shipped, blocks of 128, {per_sm} thread blocks per SM",
            best(lambda p=per_sm: gpu.quantize_blocks_cuda(x, e4m3, blocks_per_sm=p)))
@@ -101,21 +102,28 @@ for dtype in (torch.bfloat16, torch.float16):
     h = x.to(dtype)
     report(f"shipped, {dtype} input", best(lambda h=h: gpu.quantize_blocks_cuda(h, e4m3)), h)
 
-VARIANTS = {
-    "no shared-memory atomics": ("atomicAdd(&window[slot], 1u);", "t.nan += slot;"),
-    "no relative error (one bin for all)": (
+VARIANTS = {  # name: (edits of the source, (elements per thread, min blocks per SM))
+    "no shared-memory atomics": ([("atomicAdd(&window[slot], 1u);", "t.nan += slot;")],
+                                 (16, 2)),
+    "no relative error (one bin for all)": ([(
         "const u32 bits = __float_as_uint(__fmul_rn(fabsf(err), inv));",
-        "const u32 bits = 0x3c000000u;"),
-    "no work: launch, zeroing, copy back only": ("for (; c0 < n_chunks; c0 += stride) {",
-                                                 "for (; c0 < 0; c0 += stride) {"),
+        "const u32 bits = 0x3c000000u;")], (16, 2)),
+    "no prefetch, at least 3 blocks per SM": ([
+        ("load(src, c + stride, c + stride < n_chunks, next);  // in flight while this one runs",
+         ""),
+        ("        for (int i = 0; i < V; ++i) x[i] = next[i];",
+         "        load(src, c + stride, c + stride < n_chunks, x);")], (16, 3)),
+    "no work: launch, zeroing, copy back only": ([("for (; c0 < n_chunks; c0 += stride) {",
+                                                   "for (; c0 < 0; c0 += stride) {")], (16, 2)),
 }
 original = gpu._SOURCE
-for name, (old, new) in VARIANTS.items():
-    assert old in original, name
-    gpu._SOURCE = original.replace(old, new)
-    gpu._compiled.cache_clear()
-    gpu._prepared.cache_clear()
+for name, (edits, config) in VARIANTS.items():
+    source = original
+    for old, new in edits:
+        assert old in source, name
+        source = source.replace(old, new)
+    gpu._SOURCE = source
+    configure(*config)
     report(f"variant: {name}", best(lambda: gpu.quantize_blocks_cuda(x, e4m3)))
 gpu._SOURCE = original
-gpu._compiled.cache_clear()
-gpu._prepared.cache_clear()
+configure(16, 2)

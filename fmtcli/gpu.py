@@ -42,9 +42,9 @@ from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 
 THREADS = 256  # threads per block of the launch
-BLOCKS_PER_SM = 8  # blocks of threads launched per multiprocessor
-MIN_BLOCKS = 4  # blocks of threads each multiprocessor must hold at once (caps registers)
-ELEMENTS = 8  # elements per thread (at least; blocks over 256 elements: block / 32)
+BLOCKS_PER_SM = 4  # blocks of threads launched per multiprocessor
+MIN_BLOCKS = 2  # blocks of threads each multiprocessor must hold at once (caps registers)
+ELEMENTS = 16  # elements per thread (at least; blocks over 256 elements: block / 32)
 WINDOW_LOW = 0x3000  # first histogram bin kept in shared memory: relative error 2**-32
 WINDOW = 4096  # bins kept in shared memory (up to 2**0 = 1.0, bin 0x3F80)
 DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
@@ -65,8 +65,9 @@ typedef unsigned long long u64;
 #define SLOT_ZERO 1u
 #define SLOT_FLUSHED 2u
 #define SLOT_EXACT 3u
-// the output (HEAD, OUTSIDE: from the host): HEAD totals, then the window's bins, then the
-// whole histogram (for the rare relative errors outside the window)
+// out, the running totals (HEAD, OUTSIDE, DONE: from the host): HEAD totals, then the
+// window's bins, then the whole histogram (for the rare relative errors outside the
+// window); zero at launch, zero again at exit.  result: where the last block copies them.
 #define INF_BITS 0x7f800000u
 
 __device__ __forceinline__ u32 umax32(u32 a, u32 b) { return a > b ? a : b; }
@@ -273,8 +274,8 @@ __device__ __forceinline__ void chunk_general(const float* x, const float* scale
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__ out,
-                   double fmax, double beyond, double scale_lo, double scale_hi,
-                   int magic_low, int magic_high, int magic_shift) {
+                   u64* __restrict__ result, double fmax, double beyond, double scale_lo,
+                   double scale_hi, int magic_low, int magic_high, int magic_shift) {
     __shared__ u32 window[WINDOW + 4];
     for (int i = threadIdx.x; i < WINDOW + 4; i += THREADS) window[i] = 0u;
     __syncthreads();
@@ -397,6 +398,27 @@ fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__
     }
     for (int i = threadIdx.x; i < WINDOW; i += THREADS)
         if (window[i]) atomicAdd(&out[HEAD + i], (u64)window[i]);
+    // The last block to finish copies the totals to the host's page-locked buffer and
+    // zeroes them for the next launch (the pattern of CUDA's threadFenceReduction sample).
+    __threadfence();
+    __syncthreads();
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = atomicAdd(&out[DONE], 1ull) == (u64)gridDim.x - 1;
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        const bool whole = __ldcg(&out[OUTSIDE]) != 0;
+        for (int i = threadIdx.x; i < HEAD + WINDOW; i += THREADS) {
+            result[i] = __ldcg(&out[i]);
+            out[i] = 0;
+        }
+        if (whole) {
+            for (int i = HEAD + WINDOW + threadIdx.x; i < HEAD + WINDOW + 65536; i += THREADS) {
+                result[i] = __ldcg(&out[i]);
+                out[i] = 0;
+            }
+        }
+    }
 }
 """
 
@@ -440,7 +462,8 @@ def kernel_source(block: int, dtype: int, cast: int) -> str:
     return (f"#define V {v}\n#define L {lanes}\n#define G {groups}\n#define DTYPE {dtype}\n"
             f"#define CAST {cast}\n#define THREADS {THREADS}\n#define MIN_BLOCKS {MIN_BLOCKS}\n"
             f"#define WINDOW_LOW {WINDOW_LOW}u\n#define WINDOW {WINDOW}u\n"
-            f"#define HEAD {HEAD}\n#define OUTSIDE {COUNTERS.index('outside')}\n") + _SOURCE
+            f"#define HEAD {HEAD}\n#define OUTSIDE {COUNTERS.index('outside')}\n"
+            f"#define DONE {HEAD - 1}\n") + _SOURCE
 
 
 def compile_kernel(source: str, name: str):
@@ -457,23 +480,25 @@ def quantize_blocks_cuda(x, scheme: Scheme, *, hardware_cast: bool = True,
                          ) -> tuple[ErrorAccumulator, ScaleSummary]:
     """Statistics of ``scheme`` (see ``fast_path_applies``) on a CUDA tensor of float32,
     bfloat16 or float16, and a summary of its scales (count, min, max, NaN; distinct values
-    are not counted here).  One kernel launch and one small copy back to the host."""
+    are not counted here).  One kernel launch; the kernel writes its totals straight into
+    page-locked host memory, so the host only waits for it."""
     import torch
 
     x = x.contiguous().reshape(-1)
-    out = launch(x, scheme, hardware_cast=hardware_cast, blocks_per_sm=blocks_per_sm)
-    pinned = _pinned(x.device.index or 0)
-    pinned.copy_(out[:HEAD + WINDOW], non_blocking=True)
+    buffers = launch(x, scheme, hardware_cast=hardware_cast, blocks_per_sm=blocks_per_sm)
+    hist = np.zeros(HIST_BINS, np.int64)  # while the kernel runs
     torch.cuda.current_stream(x.device).synchronize()
-    head = pinned.numpy().copy()
-    outside = out[HEAD + WINDOW:].cpu().numpy() if head[COUNTERS.index("outside")] else None
-    return _unpack(head, outside, x.numel(), scheme.block)
+    # (read in place: _unpack keeps no reference to the buffer, which the next launch reuses)
+    head = buffers.host[:HEAD + WINDOW] if x.numel() else np.zeros(HEAD + WINDOW, np.int64)
+    if head[COUNTERS.index("outside")]:
+        hist += buffers.host[HEAD + WINDOW:]
+    return _unpack(head, hist, x.numel(), scheme.block)
 
 
 def launch(x, scheme: Scheme, *, hardware_cast: bool = True,
-           blocks_per_sm: int = BLOCKS_PER_SM):
-    """Start the kernel on the flat contiguous CUDA tensor ``x``; its output vector (on the
-    device, ready once the current stream gets there)."""
+           blocks_per_sm: int = BLOCKS_PER_SM) -> _Buffers:
+    """Start the kernel on the flat contiguous CUDA tensor ``x``; the buffers its totals
+    will be in once the current stream gets there."""
     import torch
 
     spec = scheme.format
@@ -486,22 +511,70 @@ def launch(x, scheme: Scheme, *, hardware_cast: bool = True,
     if n_chunks >= 2**31:
         raise ValueError("tensor too large for one launch")
     cast = HARDWARE_CASTS.get(spec.name, 0) if hardware_cast else 0
-    prepared = _prepared(spec, block, dtype, cast, x.device.index or 0, blocks_per_sm)
-    out = torch.zeros(HEAD + WINDOW + HIST_BINS, dtype=torch.int64, device=x.device)
+    device = x.device.index or 0
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    buffers = _buffers(device, stream)
     if n_chunks:
-        prepared(x, n_chunks, out)
-    return out
+        key = (spec.name, block, dtype, cast, device, blocks_per_sm)
+        prepared = _PREPARED.get(key)
+        if prepared is None:
+            prepared = _PREPARED[key] = _Prepared(spec, block, dtype, cast, device,
+                                                  blocks_per_sm)
+        try:
+            prepared(x, n_chunks, buffers, stream)
+        except Exception:
+            _buffers.cache_clear()  # a failed launch may leave them dirty
+            raise
+    return buffers
+
+
+class _Buffers:
+    """The kernel's running totals on the device (zero between launches: the kernel's
+    last block zeroes them) and the page-locked, device-mapped host memory it copies them
+    to; one pair per device and stream."""
+
+    SIZE = HEAD + WINDOW + HIST_BINS
+
+    def __init__(self, device_index: int):
+        import torch
+
+        self.totals = torch.zeros(self.SIZE, dtype=torch.int64, device=f"cuda:{device_index}")
+        driver = _driver()
+        host = ctypes.c_void_p()
+        _check(driver.cuMemHostAlloc(ctypes.byref(host), ctypes.c_size_t(self.SIZE * 8),
+                                     ctypes.c_uint(0x03)))  # PORTABLE | DEVICEMAP
+        self._host_pointer = host
+        mapped = ctypes.c_uint64()
+        _check(driver.cuMemHostGetDevicePointer_v2(ctypes.byref(mapped), host, ctypes.c_uint(0)))
+        self.device_pointer = mapped.value
+        self.host = np.ctypeslib.as_array((ctypes.c_int64 * self.SIZE).from_address(host.value))
+
+    def __del__(self):
+        try:
+            _driver().cuMemFreeHost(self._host_pointer)
+        except Exception:  # interpreter shutdown: the process frees it anyway
+            pass
+
+
+@functools.lru_cache(maxsize=8)
+def _buffers(device_index: int, stream: int) -> _Buffers:
+    return _Buffers(device_index)
+
+
+@functools.lru_cache(maxsize=1)
+def _driver():
+    """The CUDA driver library (loaded already: torch uses it)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check(rc: int) -> None:
+    if rc:
+        raise RuntimeError(f"CUDA driver error {rc} in fmtcli's quantize kernel")
 
 
 @functools.lru_cache(maxsize=32)
 def _compiled(block: int, dtype: int, cast: int):
     return compile_kernel(kernel_source(block, dtype, cast), "fmt_quantize_stats")
-
-
-@functools.lru_cache(maxsize=1)
-def _cu_launch_kernel():
-    """The driver's cuLaunchKernel (libcuda is loaded already: torch uses it)."""
-    return ctypes.CDLL("libcuda.so.1").cuLaunchKernel
 
 
 class _Prepared:
@@ -524,36 +597,17 @@ class _Prepared:
         sms = torch.cuda.get_device_properties(device_index).multi_processor_count
         self.grid = sms * blocks_per_sm
 
-    def __call__(self, x, n_chunks: int, out) -> None:
-        import torch
-
+    def __call__(self, x, n_chunks: int, buffers: _Buffers, stream: int) -> None:
         grid = max(1, min(self.grid, -(-n_chunks // THREADS)))
-        func = getattr(self.kernel, "func", None)
-        if func is None:  # a torch whose kernel object differs: its own launcher
-            self.kernel(grid=(grid, 1, 1), block=(THREADS, 1, 1),
-                        args=[x, n_chunks, out, *(v.value for v in self.scalars)])
-            return
         values = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(n_chunks),
-                  ctypes.c_void_p(out.data_ptr()), *self.scalars]
+                  ctypes.c_void_p(buffers.totals.data_ptr()),
+                  ctypes.c_void_p(buffers.device_pointer), *self.scalars]
         args = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-        stream = ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream)
-        rc = _cu_launch_kernel()(func, grid, 1, 1, THREADS, 1, 1, 0, stream, args, None)
-        if rc:
-            raise RuntimeError(f"CUDA error {rc} launching fmtcli's quantize kernel")
+        _check(_driver().cuLaunchKernel(self.kernel.func, grid, 1, 1, THREADS, 1, 1, 0,
+                                        ctypes.c_void_p(stream), args, None))
 
 
-@functools.lru_cache(maxsize=64)
-def _prepared(spec, block: int, dtype: int, cast: int, device_index: int,
-              blocks_per_sm: int) -> _Prepared:
-    return _Prepared(spec, block, dtype, cast, device_index, blocks_per_sm)
-
-
-@functools.lru_cache(maxsize=8)
-def _pinned(device_index: int):
-    """A page-locked host buffer for the totals and window (one per device)."""
-    import torch
-
-    return torch.empty(HEAD + WINDOW, dtype=torch.int64, pin_memory=True)
+_PREPARED: dict[tuple, _Prepared] = {}  # by format name, block, dtype, cast, device, grid
 
 
 def clean_scales(spec) -> tuple[float, float]:
@@ -573,13 +627,15 @@ def clean_scales(spec) -> tuple[float, float]:
     return float(np.float32(low)), float(np.float32(high))
 
 
-def _unpack(head: np.ndarray, outside: np.ndarray | None, count: int, block: int
+def _unpack(head: np.ndarray, hist: np.ndarray, count: int, block: int
             ) -> tuple[ErrorAccumulator, ScaleSummary]:
-    """The accumulator and scale summary from the kernel's totals and window of bins (and
-    the whole histogram where some relative errors fell outside the window)."""
+    """The accumulator and scale summary from the kernel's totals and window of bins;
+    ``hist`` holds the bins outside the window (zeros where no relative error fell there)
+    and becomes the accumulator's histogram."""
     c = dict(zip(COUNTERS, head[:len(COUNTERS)].tolist()))
-    hist = np.zeros(HIST_BINS, np.int64) if outside is None else outside.copy()
-    hist[WINDOW_LOW:WINDOW_LOW + WINDOW] += head[HEAD:HEAD + WINDOW]
+    window = head[HEAD:HEAD + WINDOW]
+    binned = int(hist[:FINITE_BINS].sum()) if c["outside"] else 0
+    hist[WINDOW_LOW:WINDOW_LOW + WINDOW] += window
     acc = ErrorAccumulator(hist=hist)
     acc.count = count
     acc.zeros = c["zeros"]
@@ -591,15 +647,19 @@ def _unpack(head: np.ndarray, outside: np.ndarray | None, count: int, block: int
     acc.nonzero = count - acc.zeros - acc.nonfinite_inputs
     first = COUNTERS.index("sum_err")
     acc.sum_err, acc.sum_err2, acc.sum_x2 = head[first:first + 3].view(np.float64).tolist()
-    acc.max_abs_err = float(np.uint32(c["max_err_bits"]).view(np.float32))
-    hist[0] += c["exact_or_zero"] - acc.zeros  # exact results of nonzero inputs
+    bits = COUNTERS.index("max_err_bits")
+    max_err, high, inverted_low = head[bits:bits + 3].astype(np.uint32)
+    acc.max_abs_err = float(max_err.view(np.float32))
+    exact = c["exact_or_zero"] - acc.zeros  # exact results of nonzero inputs
+    hist[0] += exact
     hist[0x3F80] += acc.flushed  # relative error exactly 1
     # population elements whose relative error is inf or NaN (x_q inf/NaN) rank last, past
     # the finite bins, as on the CPU
-    hist[FINITE_BINS] += acc.nonzero - int(hist[:FINITE_BINS].sum())
+    binned += int(window.sum()) + exact + acc.flushed
+    hist[FINITE_BINS] += acc.nonzero - binned
     n_blocks = count // block
     summary = ScaleSummary(count=n_blocks, nan=c["nan_scales"], counted=False)
     if n_blocks > summary.nan:
-        summary.high = float(np.uint32(c["scale_max_bits"]).view(np.float32))
-        summary.low = float(np.uint32(~np.uint32(c["scale_min_inverted_bits"])).view(np.float32))
+        summary.high = float(high.view(np.float32))
+        summary.low = float((~inverted_low).view(np.float32))
     return acc, summary
