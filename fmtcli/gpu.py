@@ -15,12 +15,17 @@ everything the CPU engine does with it:
 
 Median and p99 come from the same histogram as on the CPU: the top 16 bits of the float32
 relative error ``|x_q - x| / |x|``.  Every block of threads keeps the bins where nonzero
-relative errors fall (2**-32 up to 1, 4096 bins, 16 KiB of shared memory) and counts the
-two busiest bins -- exact 0 and exact 1, a flushed value -- in registers; bins outside that
-window go straight to the global histogram.  The relative error is taken with the fast
-approximate division (at most 2 ulp off) and redone as an IEEE division when it lands
-within 8 ulp of a bin edge, so every element lands in the bin the CPU gives it: the
-histogram, and so the quantiles, equal the CPU engine's exactly.
+relative errors fall (2**-32 up to 1, 4096 bins, 16 KiB of shared memory) plus slots for
+zero inputs, flushed values (relative error exactly 1) and exact results; every element
+adds 1 to one of them.  The relative error is taken with the fast reciprocal (1 ulp) and
+redone as an IEEE division when it lands within 8 ulp of a bin edge, so every element
+lands in the bin the CPU gives it: the histogram, and so the quantiles, equal the CPU
+engine's exactly.  The block's totals go to the device with one atomic each; the last
+block to finish copies them into page-locked, device-mapped host memory and zeroes them
+for the next launch, so a call is one launch and one wait.
+
+Blocks with inf or NaN, extreme magnitudes (outside 2**-60..2**60) or values scaled past
+the rounding threshold take a careful path: IEEE divisions, float64 sums, every count.
 
 The kernel is CUDA C, compiled at first use with NVRTC through
 ``torch.cuda._compile_kernel`` (torch >= 2.8; the NVRTC library comes with torch's CUDA

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import warnings
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -254,30 +255,41 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
             if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
                 raise UsageError(f"the {b.value} backend rounds to nearest-even only",
                                  "use --backend numpy for other rounding modes")
-    if keep is None and _cuda_fast_path(source, schemes, casts):
+    fast = [False] * len(schemes) if keep is not None else _cuda_fast_path(source, schemes,
+                                                                             casts)
+    if all(fast):
         return _quantize_tensor_cuda(source, schemes, progress), None
+    rest = [i for i, f in enumerate(fast) if not f]
     reader = ChunkReader(source)
     try:
-        return _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers,
-                                progress, keep, keep_mode, sink, casts)
+        results, kept = _quantize_tensor(reader, source, [schemes[i] for i in rest], seed,
+                                         chunk_elements, workers, progress,
+                                         None if keep is None else rest.index(keep),
+                                         keep_mode, sink, [casts[i] for i in rest])
     finally:
         reader.close()
+    if len(rest) == len(schemes):
+        return results, kept
+    # the schemes the fused kernel takes, merged back in order
+    merged = dict(zip(rest, results))
+    chosen = [i for i, f in enumerate(fast) if f]
+    merged.update(zip(chosen, _quantize_tensor_cuda(source, [schemes[i] for i in chosen], None)))
+    return [merged[i] for i in range(len(schemes))], kept
 
 
-def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> bool:
-    """Whether the fused CUDA kernel (``gpu``) takes this tensor: torch on CUDA for every
-    scheme, blocks along the last axis with amax scales, float32/bfloat16/float16 data."""
-    if not casts or any(c != (Backend.TORCH, Device.CUDA) for c in casts):
-        return False
-    if source.dtype not in ("float32", "bfloat16", "float16"):
-        return False
+def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> list[bool]:
+    """Which schemes the fused CUDA kernel (``gpu``) takes on this tensor: torch on CUDA,
+    blocks along the last axis with amax scales, float32/bfloat16/float16 data."""
+    if source.dtype not in ("float32", "bfloat16", "float16") or not any(
+            c == (Backend.TORCH, Device.CUDA) for c in casts):
+        return [False] * len(schemes)
     from .gpu import available, fast_path_applies
 
     if not available():
-        return False
-
-    return all(fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
-               for s in schemes)
+        return [False] * len(schemes)
+    return [c == (Backend.TORCH, Device.CUDA)
+            and fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
+            for s, c in zip(schemes, casts)]
 
 
 def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress):
@@ -286,11 +298,14 @@ def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress)
 
     from .gpu import quantize_blocks_cuda
 
-    data = np.ascontiguousarray(source.array())
-    if data.dtype == np.dtype("bfloat16") or source.dtype == "bfloat16":
-        x = torch.from_numpy(data.view(np.int16)).cuda().view(torch.bfloat16)
-    else:
-        x = torch.from_numpy(data).cuda()
+    data = np.ascontiguousarray(source.array())  # a memory map of .npy/.safetensors data
+    bfloat16 = data.dtype == np.dtype("bfloat16") or source.dtype == "bfloat16"
+    with warnings.catch_warnings():  # a read-only map: torch warns, but only reads it here
+        warnings.simplefilter("ignore", UserWarning)
+        # one host-to-device copy of the stored bits, no float64 detour
+        x = torch.from_numpy(data.view(np.int16) if bfloat16 else data).cuda()
+    if bfloat16:
+        x = x.view(torch.bfloat16)
     results = []
     for scheme in schemes:
         scheme = for_tensor(scheme, source.key, len(source.shape))

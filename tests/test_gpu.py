@@ -15,7 +15,7 @@ from fmtcli.quantize import quantize
 from fmtcli.results import SchemeStats
 from fmtcli.rounding import round_to_format
 from fmtcli.scaling import amax_to_scale
-from fmtcli.schemes import build_scheme
+from fmtcli.schemes import Granularity, build_scheme
 from fmtcli.tensors import TensorSource
 
 torch = pytest.importorskip("torch")
@@ -173,3 +173,18 @@ def mismatches(dividends: np.ndarray, divisors: np.ndarray) -> int:
     kernel(grid=(-(-s.numel() // 256), 1, 1), block=(256, 1, 1),
            args=[r, r.numel(), s, s.numel(), count])
     return int(count.item())
+
+
+def test_schemes_the_kernel_does_not_take_run_beside_it():
+    """Per-tensor scaling (the default comparison row) goes through torch chunk by chunk,
+    blocks of 128 through the kernel; both in the order asked, both equal to the CPU."""
+    data = cases()["outlier"]
+    source = TensorSource("t", None, data.shape, "float32", lambda: data)
+    schemes = [build_scheme(per=Granularity.TENSOR), build_scheme(block=128)]
+    cuda = quantize([source], schemes, backend="torch", device="cuda").tensors[0].schemes
+    cpu = quantize([source], schemes).tensors[0].schemes
+    assert [s.scheme for s in cuda] == [s.scheme for s in cpu]
+    assert cuda[0].scales["distinct"] is not None and cuda[1].scales["distinct"] is None
+    for a, b in zip(cuda, cpu):
+        assert (a.flushed, a.median_rel_error, a.p99_rel_error) == (
+            b.flushed, b.median_rel_error, b.p99_rel_error)
