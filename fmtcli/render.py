@@ -148,10 +148,11 @@ def _scales_text(scales: dict) -> str:
         return "-"
     low, high = scales["min"], scales["max"]
     span = value_text(low, 4) if low == high else f"{value_text(low, 4)} .. {value_text(high, 4)}"
-    distinct = scales["distinct"]
-    distinct = f">{scales['distinct_more_than']:,}" if distinct is None else f"{distinct:,}"
+    distinct, more = scales["distinct"], scales["distinct_more_than"]
+    distinct = (f", {distinct:,} distinct" if distinct is not None else
+                f", >{more:,} distinct" if more is not None else "")  # None, None: not counted
     nan = f", {scales['nan']:,} NaN" if scales["nan"] else ""
-    return f"{span}\n{scales['count']:,} scales, {distinct} distinct{nan}"
+    return f"{span}\n{scales['count']:,} scales{distinct}{nan}"
 
 
 _STAT_ROWS = [

@@ -188,3 +188,18 @@ def test_schemes_the_kernel_does_not_take_run_beside_it():
     for a, b in zip(cuda, cpu):
         assert (a.flushed, a.median_rel_error, a.p99_rel_error) == (
             b.flushed, b.median_rel_error, b.p99_rel_error)
+
+
+def test_the_cli_table_on_cuda(tmp_path):
+    """``fmt quantize FILE --backend torch --device cuda`` prints its table (the scales
+    cell has no distinct count on this path)."""
+    from typer.testing import CliRunner
+
+    from fmtcli.cli import app
+
+    path = tmp_path / "x.npy"
+    np.save(path, cases()["outlier"])
+    result = CliRunner().invoke(app, ["quantize", str(path), "--backend", "torch",
+                                      "--device", "cuda"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "block 128" in result.output and "scales" in result.output
