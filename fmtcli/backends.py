@@ -14,6 +14,8 @@ optional extra (``pip install 'fmtcli[torch]'``).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from enum import Enum
 
 import numpy as np
@@ -34,6 +36,7 @@ class Backend(str, Enum):
 
 
 class Device(str, Enum):
+    AUTO = "auto"  # the CPU, except where quantize sends a large tensor to the GPU
     CPU = "cpu"
     CUDA = "cuda"
 
@@ -54,6 +57,13 @@ def cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+def gpu_present() -> bool:
+    """Whether torch is installed and an NVIDIA device node exists: cheap (no torch import),
+    the first step of deciding whether a GPU is worth starting."""
+    return (importlib.util.find_spec("torch") is not None
+            and any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0")))
 
 
 def torch_dtype(spec: FormatSpec):
@@ -80,14 +90,17 @@ def supports(backend: Backend, spec: FormatSpec, device: Device = Device.CPU) ->
 
 def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
             elements: int = 0) -> tuple[Backend, Device]:
-    """The backend and device to use.  ``auto`` is the engine: on the CPU it is the fastest
-    (benchmarks/RESULTS.md), and torch's CUDA path here casts chunk by chunk, without a
-    fused kernel yet; ``auto`` never imports torch."""
+    """The backend and device to use for one format.  ``auto`` is the engine, the fastest
+    on the CPU (benchmarks/RESULTS.md), or torch with ``--device cuda``; device ``auto`` is
+    the CPU here (``quantize.quantize_tensor`` sends large tensors to the GPU where its fused
+    kernel takes the scheme).  Never imports torch for ``auto``."""
     backend, device = Backend(backend), Device(device)
     if backend is Backend.AUTO:
         if device is Device.CUDA:
             return resolve(Backend.TORCH, device, spec, elements)
         return Backend.NUMPY, Device.CPU
+    if device is Device.AUTO:
+        device = Device.CPU
     if backend is Backend.TORCH:
         torch = torch_module()
         if device is Device.CUDA and not torch.cuda.is_available():

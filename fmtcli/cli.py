@@ -77,7 +77,9 @@ BackendOption = Annotated[Backend, typer.Option(
          "(nearest-even, the backend's own overflow behaviour); auto: the engine, or torch "
          "with --device cuda.")]
 DeviceOption = Annotated[Device, typer.Option(
-    "--device", case_sensitive=False, help="Device of the torch backend.")]
+    "--device", case_sensitive=False,
+    help="Device of the torch backend. auto: the CPU, except that quantize with --backend "
+         "auto runs tensors of 2**31 elements or more on a CUDA GPU when torch sees one.")]
 # Options that quantize and scale-search share (their defaults differ: see each --help).
 BlockOption = Annotated[Optional[int], typer.Option(
     "--block", metavar="N", help="One scale per N elements along --axis.",
@@ -305,7 +307,7 @@ def quantize_command(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
     seed: SeedOption = 0,
     backend: BackendOption = Backend.AUTO,
-    device: DeviceOption = Device.CPU,
+    device: DeviceOption = Device.AUTO,
     chunk: Annotated[int, typer.Option(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,

@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .backends import Backend, Device, resolve
+from .backends import Backend, Device, cuda_available, gpu_present, resolve
 from .errors import DataError, UsageError
 from .kernel import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
 from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
@@ -35,6 +35,11 @@ from .schemes import ScaleFormat, Scheme, for_tensor
 from .tensors import TensorSource
 
 CHUNK_ELEMENTS = 1 << 18
+# From this many elements of one tensor on, --backend auto with --device auto runs the
+# schemes the fused CUDA kernel takes on the GPU when torch and a GPU are there: below it,
+# torch's import, CUDA's start-up and the kernel's compilation (~5 s) and the copy to the
+# device cost more than the CPU engine takes (benchmarks/RESULTS.md).
+AUTO_CUDA_ELEMENTS = 1 << 31
 
 Progress = Callable[[int, int], None]
 
@@ -249,17 +254,22 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     """
     workers = default_workers() if workers is None else workers
     casts = [resolve(backend, device, s.format, source.size) for s in schemes]
-    if any(b is not Backend.NUMPY for b, _ in casts):
-        workers = 1  # torch's thread pools and CUDA do not survive a fork
-        for scheme, (b, _) in zip(schemes, casts):
-            if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
-                raise UsageError(f"the {b.value} backend rounds to nearest-even only",
-                                 "use --backend numpy for other rounding modes")
+    for scheme, (b, _) in zip(schemes, casts):
+        if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
+            raise UsageError(f"the {b.value} backend rounds to nearest-even only",
+                             "use --backend numpy for other rounding modes")
+    if (keep is None and Backend(backend) is Backend.AUTO and Device(device) is Device.AUTO
+            and source.size >= AUTO_CUDA_ELEMENTS and gpu_present() and cuda_available()):
+        # a large tensor and a GPU: the schemes the fused kernel takes go there
+        on_gpu = _cuda_fast_path(source, schemes, [(Backend.TORCH, Device.CUDA)] * len(casts))
+        casts = [(Backend.TORCH, Device.CUDA) if g else c for g, c in zip(on_gpu, casts)]
     fast = [False] * len(schemes) if keep is not None else _cuda_fast_path(source, schemes,
                                                                              casts)
     if all(fast):
         return _quantize_tensor_cuda(source, schemes, progress), None
     rest = [i for i, f in enumerate(fast) if not f]
+    if any(casts[i][0] is not Backend.NUMPY for i in rest):
+        workers = 1  # torch's thread pools and CUDA do not survive a fork
     reader = ChunkReader(source)
     try:
         results, kept = _quantize_tensor(reader, source, [schemes[i] for i in rest], seed,

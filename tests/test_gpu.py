@@ -203,3 +203,23 @@ def test_the_cli_table_on_cuda(tmp_path):
                                       "--device", "cuda"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "block 128" in result.output and "scales" in result.output
+
+
+def test_auto_sends_large_tensors_to_the_gpu(monkeypatch):
+    """--backend auto --device auto: from AUTO_CUDA_ELEMENTS on (lowered here), the schemes
+    the kernel takes run on the GPU, the others on the CPU engine; same statistics."""
+    from fmtcli import quantize as q
+
+    data = cases()["outlier"]
+    source = TensorSource("t", None, data.shape, "float32", lambda: data)
+    schemes = [build_scheme(per=Granularity.TENSOR), build_scheme(block=128)]
+    monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", data.size)
+    auto = quantize([source], schemes, backend="auto", device="auto").tensors[0].schemes
+    cpu = quantize([source], schemes).tensors[0].schemes
+    assert auto[1].scales["distinct"] is None  # the kernel's (it does not count them)
+    assert auto[0].scales["distinct"] == cpu[0].scales["distinct"]
+    for a, b in zip(auto, cpu):
+        assert (a.flushed, a.median_rel_error) == (b.flushed, b.median_rel_error)
+    monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", data.size + 1)
+    small = quantize([source], schemes, backend="auto", device="auto").tensors[0].schemes
+    assert small[1].scales["distinct"] is not None  # below the threshold: the CPU engine
