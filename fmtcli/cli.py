@@ -79,7 +79,7 @@ BackendOption = Annotated[Backend, typer.Option(
 DeviceOption = Annotated[Device, typer.Option(
     "--device", case_sensitive=False,
     help="Device of the torch backend. auto: the CPU, except that quantize with --backend "
-         "auto runs tensors of 2**31 elements or more on a CUDA GPU when torch sees one.")]
+         "auto runs tensors of 2**32 elements or more on a CUDA GPU when torch sees one.")]
 # Options that quantize and scale-search share (their defaults differ: see each --help).
 BlockOption = Annotated[Optional[int], typer.Option(
     "--block", metavar="N", help="One scale per N elements along --axis.",

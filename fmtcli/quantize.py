@@ -36,10 +36,11 @@ from .tensors import TensorSource
 
 CHUNK_ELEMENTS = 1 << 18
 # From this many elements of one tensor on, --backend auto with --device auto runs the
-# schemes the fused CUDA kernel takes on the GPU when torch and a GPU are there: below it,
-# torch's import, CUDA's start-up and the kernel's compilation (~5 s) and the copy to the
-# device cost more than the CPU engine takes (benchmarks/RESULTS.md).
-AUTO_CUDA_ELEMENTS = 1 << 31
+# schemes the fused CUDA kernel takes on the GPU when torch and a GPU with room for it are
+# there.  Below it the CPU engine wins end to end: on the H200 machine (16 cores) an 8 GiB
+# .npy took 3.15 s on the CPU against 4.64 s through CUDA, most of it torch's import
+# (benchmarks/RESULTS.md); the lines cross near 14 GiB there, sooner with fewer cores.
+AUTO_CUDA_ELEMENTS = 1 << 32
 
 Progress = Callable[[int, int], None]
 
@@ -259,7 +260,8 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
             raise UsageError(f"the {b.value} backend rounds to nearest-even only",
                              "use --backend numpy for other rounding modes")
     if (keep is None and Backend(backend) is Backend.AUTO and Device(device) is Device.AUTO
-            and source.size >= AUTO_CUDA_ELEMENTS and gpu_present() and cuda_available()):
+            and source.size >= AUTO_CUDA_ELEMENTS and gpu_present() and cuda_available()
+            and _fits_on_gpu(source)):
         # a large tensor and a GPU: the schemes the fused kernel takes go there
         on_gpu = _cuda_fast_path(source, schemes, [(Backend.TORCH, Device.CUDA)] * len(casts))
         casts = [(Backend.TORCH, Device.CUDA) if g else c for g, c in zip(on_gpu, casts)]
@@ -302,6 +304,14 @@ def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> list[
             for s, c in zip(schemes, casts)]
 
 
+def _fits_on_gpu(source: TensorSource) -> bool:
+    """Whether the current GPU's free memory holds the tensor with a tenth to spare."""
+    import torch
+
+    return torch.cuda.mem_get_info()[0] > 1.1 * source.size * np.dtype(
+        np.float32 if source.dtype == "float32" else np.float16).itemsize
+
+
 def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress):
     """The whole tensor on the GPU, each scheme by the fused kernel (one pass each)."""
     import torch
@@ -312,8 +322,13 @@ def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress)
     bfloat16 = data.dtype == np.dtype("bfloat16") or source.dtype == "bfloat16"
     with warnings.catch_warnings():  # a read-only map: torch warns, but only reads it here
         warnings.simplefilter("ignore", UserWarning)
-        # one host-to-device copy of the stored bits, no float64 detour
-        x = torch.from_numpy(data.view(np.int16) if bfloat16 else data).cuda()
+        try:  # one host-to-device copy of the stored bits, no float64 detour
+            x = torch.from_numpy(data.view(np.int16) if bfloat16 else data).cuda()
+        except torch.cuda.OutOfMemoryError:
+            free = torch.cuda.mem_get_info()[0]
+            raise DataError(f"{source.name}: {data.nbytes / 2**30:.1f} GiB does not fit in "
+                            f"the GPU's free memory ({free / 2**30:.1f} GiB)",
+                            "use --device cpu") from None
     if bfloat16:
         x = x.view(torch.bfloat16)
     results = []
