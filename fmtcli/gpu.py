@@ -442,14 +442,28 @@ def fast_path_applies(scheme: Scheme, shape: tuple[int, ...]) -> bool:
             and cols % layout(block)[0] == 0)
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """Whether this torch can compile the kernel (NVRTC through ``_compile_kernel``) and a
-    CUDA device is there."""
+    """Whether a CUDA device is there and this torch compiles and loads the kernel (NVRTC
+    through ``_compile_kernel``, torch >= 2.8): tried once per process."""
     try:
         import torch
     except ImportError:
         return False
-    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
+    if not (torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")):
+        return False
+    try:
+        return hasattr(_compiled(128, 0, 0), "func")  # the launch uses the driver handle
+    except Exception:  # no NVRTC library, an unsupported device, an API change
+        return False
+
+
+@functools.lru_cache(maxsize=8)
+def hardware_cast_supported(device_index: int) -> bool:
+    """FP8 conversion instructions (``cvt ... e4m3x2``) need compute capability 8.9+."""
+    import torch
+
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
 def layout(block: int) -> tuple[int, int, int]:
@@ -515,8 +529,9 @@ def launch(x, scheme: Scheme, *, hardware_cast: bool = True,
     n_chunks = x.numel() // v
     if n_chunks >= 2**31:
         raise ValueError("tensor too large for one launch")
-    cast = HARDWARE_CASTS.get(spec.name, 0) if hardware_cast else 0
     device = x.device.index or 0
+    cast = (HARDWARE_CASTS.get(spec.name, 0)
+            if hardware_cast and hardware_cast_supported(device) else 0)
     stream = torch.cuda.current_stream(x.device).cuda_stream
     buffers = _buffers(device, stream)
     if n_chunks:
