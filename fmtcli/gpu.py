@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 
 import numpy as np
 
@@ -651,35 +652,38 @@ def _unpack(head: np.ndarray, hist: np.ndarray, count: int, block: int
             ) -> tuple[ErrorAccumulator, ScaleSummary]:
     """The accumulator and scale summary from the kernel's totals and window of bins;
     ``hist`` holds the bins outside the window (zeros where no relative error fell there)
-    and becomes the accumulator's histogram."""
-    c = dict(zip(COUNTERS, head[:len(COUNTERS)].tolist()))
+    and becomes the accumulator's histogram.  (Plain Python on one list: this runs after
+    the wait, on every call.)"""
+    (zeros, flushed_or_zero, exact_or_zero, nonfinite, nan, beyond, pairs, nan_scales,  # COUNTERS
+     max_err, high, inverted_low, _, _, _, outside) = head[:len(COUNTERS)].tolist()
+    sum_err, sum_err2, sum_x2 = struct.unpack("<3d", head[_SUMS].tobytes())
     window = head[HEAD:HEAD + WINDOW]
-    binned = int(hist[:FINITE_BINS].sum()) if c["outside"] else 0
+    binned = int(hist[:FINITE_BINS].sum()) if outside else 0
     hist[WINDOW_LOW:WINDOW_LOW + WINDOW] += window
-    acc = ErrorAccumulator(hist=hist)
-    acc.count = count
-    acc.zeros = c["zeros"]
-    acc.flushed = c["flushed_or_zero"] - acc.zeros
-    acc.nonfinite_inputs = c["nonfinite"]
-    acc.nan_produced = c["nan"]
-    acc.saturated = c["beyond"]
-    acc.finite_pairs = c["pairs"]
-    acc.nonzero = count - acc.zeros - acc.nonfinite_inputs
-    first = COUNTERS.index("sum_err")
-    acc.sum_err, acc.sum_err2, acc.sum_x2 = head[first:first + 3].view(np.float64).tolist()
-    bits = COUNTERS.index("max_err_bits")
-    max_err, high, inverted_low = head[bits:bits + 3].astype(np.uint32)
-    acc.max_abs_err = float(max_err.view(np.float32))
-    exact = c["exact_or_zero"] - acc.zeros  # exact results of nonzero inputs
+    flushed = flushed_or_zero - zeros
+    exact = exact_or_zero - zeros  # exact results of nonzero inputs
+    nonzero = count - zeros - nonfinite
     hist[0] += exact
-    hist[0x3F80] += acc.flushed  # relative error exactly 1
+    hist[0x3F80] += flushed  # relative error exactly 1
     # population elements whose relative error is inf or NaN (x_q inf/NaN) rank last, past
     # the finite bins, as on the CPU
-    binned += int(window.sum()) + exact + acc.flushed
-    hist[FINITE_BINS] += acc.nonzero - binned
+    hist[FINITE_BINS] += nonzero - binned - int(window.sum()) - exact - flushed
+    acc = ErrorAccumulator(count=count, nonzero=nonzero, zeros=zeros,
+                           nonfinite_inputs=nonfinite, flushed=flushed, saturated=beyond,
+                           nan_produced=nan, finite_pairs=pairs, sum_err=sum_err,
+                           sum_err2=sum_err2, sum_x2=sum_x2, max_abs_err=_float(max_err),
+                           hist=hist)
     n_blocks = count // block
-    summary = ScaleSummary(count=n_blocks, nan=c["nan_scales"], counted=False)
-    if n_blocks > summary.nan:
-        summary.high = float(high.view(np.float32))
-        summary.low = float((~inverted_low).view(np.float32))
+    summary = ScaleSummary(count=n_blocks, nan=nan_scales, counted=False)
+    if n_blocks > nan_scales:
+        summary.high = _float(high)
+        summary.low = _float(~inverted_low & 0xFFFFFFFF)
     return acc, summary
+
+
+_SUMS = slice(COUNTERS.index("sum_err"), COUNTERS.index("sum_x2") + 1)
+
+
+def _float(bits: int) -> float:
+    """The float32 with these bits."""
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
