@@ -55,8 +55,10 @@ WINDOW_LOW = 0x3000  # first histogram bin kept in shared memory: relative error
 WINDOW = 4096  # bins kept in shared memory (up to 2**0 = 1.0, bin 0x3F80)
 DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 HARDWARE_CASTS = {"float8_e4m3fn": 1, "float8_e5m2": 2}
-# the kernel's output, one int64 vector: HEAD totals (these), the window's bins, then the
-# whole histogram (filled only for relative errors outside the window)
+# The layout of the kernel's running totals on the device and of the copy its last block
+# leaves in host memory, int64: HEAD slots (COUNTERS, then DONE, the count of finished
+# blocks), the window's bins, then the whole histogram (only for relative errors outside
+# the window, which float32 data cannot produce: kept as a guard)
 HEAD = 16
 COUNTERS = ("zeros", "flushed_or_zero", "exact_or_zero", "nonfinite", "nan", "beyond", "pairs",
             "nan_scales", "max_err_bits", "scale_max_bits", "scale_min_inverted_bits",
