@@ -2,21 +2,22 @@
 
     PYTHONPATH=$PWD python3 benchmarks/tune_gpu.py
 
-Times (best of 10, CUDA-synchronised, host copy-back included) the kernel as shipped for a
-few launch sizes, block sizes and input dtypes, then variants with one part of the work
-removed by editing the kernel's source (histogram, exact dequantizing division, the cast),
-against a plain copy and a read-only reduction of the same tensor.  The variants compute
-wrong statistics on purpose: they only place the time.
+Times (best of 10 whole calls, CUDA-synchronised; ``bench_gpu.timed``) the kernel as
+shipped for a few launch sizes, block sizes, formats and input dtypes, the fixed costs of a
+call, then variants with one part of the work removed or changed by editing the kernel's
+source (shared-memory atomics, the relative error, the prefetch), against a plain copy and
+a read-only reduction of the same tensor.  The variants compute wrong statistics on
+purpose: they only place the time.
 """
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import torch
+from bench_gpu import timed as best  # benchmarks/, this script's folder
 
 from fmtcli import gpu
 from fmtcli.formats import get_format
@@ -25,18 +26,6 @@ from fmtcli.schemes import build_scheme
 x = torch.randn(2**28, device="cuda") * 0.02
 size = x.numel() * 4
 y = torch.empty_like(x)
-
-
-def best(fn, repeat=10):
-    fn()
-    torch.cuda.synchronize()
-    t = float("inf")
-    for _ in range(repeat):
-        s = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        t = min(t, time.perf_counter() - s)
-    return t
 
 
 def report(what, t, data=x):

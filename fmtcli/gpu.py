@@ -528,7 +528,8 @@ def launch(x, scheme: Scheme, *, hardware_cast: bool = True,
     dtype = DTYPES[str(x.dtype).removeprefix("torch.")]
     v, _, _ = layout(block)
     if x.numel() % block or x.numel() % v:
-        raise ValueError("the tensor must hold whole blocks of 8 or more elements")
+        raise ValueError(f"the tensor must hold whole blocks and whole runs of {v} elements "
+                         "(fast_path_applies)")
     n_chunks = x.numel() // v
     if n_chunks >= 2**31:
         raise ValueError("tensor too large for one launch")

@@ -259,14 +259,17 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
         if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
             raise UsageError(f"the {b.value} backend rounds to nearest-even only",
                              "use --backend numpy for other rounding modes")
-    if (keep is None and Backend(backend) is Backend.AUTO and Device(device) is Device.AUTO
-            and source.size >= AUTO_CUDA_ELEMENTS and gpu_present() and cuda_available()
-            and _fits_on_gpu(source)):
-        # a large tensor and a GPU: the schemes the fused kernel takes go there
+    fast = [False] * len(schemes)  # which schemes the fused CUDA kernel runs
+    auto = (Backend(backend) is Backend.AUTO and Device(device) is Device.AUTO
+            and source.size >= AUTO_CUDA_ELEMENTS)
+    if keep is None and auto and gpu_present() and cuda_available():
+        # a large tensor and a GPU with room for it: the schemes the fused kernel takes go there
         on_gpu = _cuda_fast_path(source, schemes, [(Backend.TORCH, Device.CUDA)] * len(casts))
-        casts = [(Backend.TORCH, Device.CUDA) if g else c for g, c in zip(on_gpu, casts)]
-    fast = [False] * len(schemes) if keep is not None else _cuda_fast_path(source, schemes,
-                                                                             casts)
+        if any(on_gpu) and _fits_on_gpu(source):
+            fast = on_gpu
+            casts = [(Backend.TORCH, Device.CUDA) if g else c for g, c in zip(fast, casts)]
+    elif keep is None:
+        fast = _cuda_fast_path(source, schemes, casts)
     if all(fast):
         return _quantize_tensor_cuda(source, schemes, progress), None
     rest = [i for i, f in enumerate(fast) if not f]
@@ -305,11 +308,12 @@ def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> list[
 
 
 def _fits_on_gpu(source: TensorSource) -> bool:
-    """Whether the current GPU's free memory holds the tensor with a tenth to spare."""
+    """Whether the current GPU's free memory holds the tensor (float32, or a 16-bit float:
+    the kernel's inputs) with a tenth to spare."""
     import torch
 
-    return torch.cuda.mem_get_info()[0] > 1.1 * source.size * np.dtype(
-        np.float32 if source.dtype == "float32" else np.float16).itemsize
+    itemsize = 4 if source.dtype == "float32" else 2
+    return torch.cuda.mem_get_info()[0] > 1.1 * source.size * itemsize
 
 
 def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress):

@@ -77,6 +77,8 @@ def test_auto_stays_on_the_cpu_without_a_gpu(monkeypatch):
     source = TensorSource("t", None, data.shape, "float32", lambda: data)
     monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", 1)
     monkeypatch.setattr(q, "gpu_present", lambda: False)
+    # the cheap check decides: torch is not even asked
+    monkeypatch.setattr(q, "cuda_available", lambda: pytest.fail("asked torch for CUDA"))
     stats = q.quantize([source], [build_scheme(block=128)], backend="auto",
                        device="auto").tensors[0].schemes[0]
     assert stats.scales["distinct"] is not None
