@@ -41,3 +41,13 @@ class BadValueError(UsageError):
 
 class DataError(FmtError):
     """The input data is missing, unreadable or unusable (exit code 1)."""
+
+
+def shown(path: object) -> str:
+    """A path (or any user-given text) as it appears in a one-line message: quoted, with
+    newlines, tabs and other control or unprintable characters escaped, so that a message
+    naming ``'a\\nb.npy'`` stays on one line and says exactly which file it means."""
+    text = str(path)
+    if text.isprintable() and "'" not in text:
+        return f"'{text}'"
+    return repr(text)
