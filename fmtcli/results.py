@@ -89,6 +89,7 @@ class SchemeStats:
     p99_rel_error: float
     max_abs_error: float
     rmse: float
+    mse: float
     sqnr_db: float
     bias: float
     scales: dict
@@ -109,15 +110,33 @@ class SchemeStats:
             saturated=acc.saturated, overflowed=acc.overflowed, nan_produced=acc.nan_produced,
             median_rel_error=acc.quantile(0.5), p99_rel_error=acc.quantile(0.99),
             max_abs_error=acc.max_abs_err if pairs else math.nan,
-            rmse=math.sqrt(mse) if pairs else math.nan, sqnr_db=sqnr,
+            rmse=math.sqrt(mse) if pairs else math.nan, mse=mse, sqnr_db=sqnr,
             bias=acc.sum_err / pairs if pairs else math.nan, scales=scales.to_dict())
 
+    @property
+    def saturated_fraction(self) -> float:
+        """Saturated values over all values (``count``)."""
+        return self.saturated / self.count if self.count else 0.0
+
+    @property
+    def overflowed_fraction(self) -> float:
+        """Values that overflowed to inf/NaN over all values (``count``)."""
+        return self.overflowed / self.count if self.count else 0.0
+
+    @property
+    def nan_produced_fraction(self) -> float:
+        """NaNs produced from non-NaN inputs over all values (``count``)."""
+        return self.nan_produced / self.count if self.count else 0.0
+
     def to_dict(self) -> dict:
+        """JSON keys: every count statistic ``X`` comes with ``X_fraction`` (``flushed`` over
+        ``nonzero`` inputs, the others over ``count``), and the error with ``rmse`` and ``mse``."""
         out = dict(self.scheme)
         out.update({k: getattr(self, k) for k in (
             "count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flushed_fraction",
-            "saturated", "overflowed", "nan_produced", "median_rel_error", "p99_rel_error",
-            "max_abs_error", "rmse", "sqnr_db", "bias", "rel_error_resolution")})
+            "saturated", "saturated_fraction", "overflowed", "overflowed_fraction",
+            "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
+            "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution")})
         out["scales"] = self.scales
         return out
 
