@@ -1,28 +1,31 @@
 """The ``fmt`` command line: parse options, call the library, print a table or JSON.
 
 Results go to stdout; notes and warnings to stderr.  A library FmtError becomes one line
-``Error: ...`` on stderr with exit code 1 (data) or 2 (usage), never a traceback.
+``Error: ...`` on stderr with exit code 1 (data) or 2 (usage), never a traceback.  Any other
+exception is a bug: one line ``Error: internal error: ...`` and exit code 70, or the full
+traceback with ``FMT_TRACEBACK=1`` in the environment.  A Python warning (e.g. a numpy
+RuntimeWarning) becomes one line ``Note: ...`` on stderr.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
+import warnings
 from enum import Enum
 from typing import Annotated, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from . import __version__
 from .backends import Backend, Device
 from .conformance import check_backends
-from .errors import FmtError, UsageError
+from .errors import FmtError, UsageError, one_line, shown
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
-from .literals import parse_values
+from .literals import parse_value, parse_values
 from .lossscale import example_gradients, sweep_loss_scales
 from .output import check_not_an_input, check_target
 from .quantize import CHUNK_ELEMENTS, quantize
@@ -33,23 +36,94 @@ from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
 from .tensors import example_tensor, load_inputs
 from .underflow import underflow_table
 
+INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug in fmtcli
+
+
+def show_tracebacks() -> bool:
+    """FMT_TRACEBACK=1 (any value but '' and '0'): let internal errors raise."""
+    return os.environ.get("FMT_TRACEBACK", "") not in ("", "0")
+
+
+def error_line(message: object) -> None:
+    typer.echo(f"Error: {one_line(message)}", err=True)
+
+
+def note(message: str) -> None:
+    """One line ``Note: ...`` on stderr, for notes that are not results (user text in the
+    message is shown as written: no rich markup is interpreted)."""
+    from rich.text import Text
+
+    stderr_console().print(Text.assemble(("Note:", "dim"), " ", one_line(message)),
+                           soft_wrap=True)
+
+
+def warning_as_note(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` of the CLI: a warning (a numpy RuntimeWarning that escaped
+    its source, say) becomes one ``Note:`` line instead of two lines naming our source."""
+    note(f"{message} ({category.__name__})")
+
 
 class OneLineErrors(TyperGroup):
-    """Usage errors of the parser as one line ``Error: ...`` on stderr (exit 2), like ours."""
+    """Every way a command ends, as the user sees it.
+
+    - a parser usage error or a FmtError: one line ``Error: ...`` on stderr, exit 2 or 1;
+    - plain ``fmt``: the help on stdout, exit 0 (as git and gh);
+    - Ctrl-C: ``Aborted.``, exit 130;
+    - any other exception (a bug): one line ``Error: internal error: <type>: <message>``,
+      exit 70; with FMT_TRACEBACK=1 it is raised (the test suite sets it).
+    Python warnings are printed as ``Note:`` lines while a command runs.
+    """
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        with warnings.catch_warnings():
+            warnings.showwarning = warning_as_note
+            code = self._run(args, prog_name, complete_var, **extra)
+        if code == 130:  # typer turns KeyboardInterrupt into exit code 130
+            typer.echo("Aborted.", err=True)
+        sys.exit(code)
+
+    def _run(self, args, prog_name, complete_var, **extra) -> int:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return code if isinstance(code, int) else 0
+        except FmtError as error:
+            error_line(error)
+            return error.exit_code
         except typer.Abort:
             typer.echo("Aborted.", err=True)
-            sys.exit(1)
+            return 1
         except typer.TyperException as error:  # the parser's usage errors
-            command = error.ctx.command_path if getattr(error, "ctx", None) else "fmt"
-            typer.echo(f"Error: {error.format_message()} (see '{command} --help')", err=True)
-            sys.exit(getattr(error, "exit_code", 2))
-        sys.exit(code if isinstance(code, int) else 0)
+            ctx = getattr(error, "ctx", None)
+            if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                typer.echo(ctx.get_help())  # plain 'fmt': the help, on stdout
+                return 0
+            command = ctx.command_path if ctx is not None else "fmt"
+            error_line(f"{error.format_message()} (see '{command} --help')")
+            return getattr(error, "exit_code", 2)
+        except Exception as error:
+            if show_tracebacks():
+                raise
+            error_line(f"internal error: {type(error).__name__}: {error} (please report it; "
+                       "FMT_TRACEBACK=1 shows the traceback)")
+            return INTERNAL_ERROR
+
+
+class UsageWithEllipsis(TyperCommand):
+    """Usage lines that mark repeatable arguments: ``fmt underflow [OPTIONS] VALUE...``,
+    ``fmt quantize [OPTIONS] [FILE]...`` (typer writes ``{VALUE}`` and ``[FILE]``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if not isinstance(param, TyperArgument):
+                pieces.extend(param.get_usage_pieces(ctx))
+                continue
+            name = param.metavar or (param.name or "").upper()
+            piece = name if param.required else f"[{name}]"
+            pieces.append(piece + ("..." if param.nargs != 1 else ""))
+        return pieces
 
 
 app = typer.Typer(
@@ -87,18 +161,61 @@ BlockOption = Annotated[Optional[int], typer.Option(
 TileOption = Annotated[Optional[str], typer.Option(
     "--tile", metavar="RxC", help="One scale per RxC tile of the (rows x last axis) matrix, "
     "e.g. 128x128 or 1x128.")]
-PerOption = Annotated[Optional[Granularity], typer.Option(
-    "--per", case_sensitive=False, help="One scale per tensor, row or column.",
-    show_default=False)]
+
+
+class Per(str, Enum):
+    """The choices of --per (blocks and tiles have their own options)."""
+
+    TENSOR = "tensor"
+    ROW = "row"
+    COLUMN = "column"
+
+
+PerOption = Annotated[Optional[Per], typer.Option(
+    "--per", case_sensitive=False, help="One scale per tensor, row or column (of the "
+    "rows x last-axis matrix; a 1-D tensor is one row).", show_default=False)]
 AxisOption = Annotated[Optional[int], typer.Option(
     "--axis", help="Axis of --block: -1 (last, default) or 0 (first).")]
 KeyOption = Annotated[Optional[list[str]], typer.Option(
     "--key", metavar="NAME", help="Only these tensors of a checkpoint (name or glob; "
     "repeatable).")]
+MAX_WORKERS = 1024
 WorkersOption = Annotated[Optional[int], typer.Option(
-    "--workers", min=1, help="Worker processes.  [default: the cores available, at most 8]",
-    show_default=False)]
-SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of stochastic rounding.")]
+    "--workers", min=1, max=MAX_WORKERS, help="Worker processes, 1..1024.  [default: the "
+    "cores available, at most 8]", show_default=False)]
+SEED_MAX = 2**64 - 1
+SeedOption = Annotated[int, typer.Option(
+    "--seed", min=0, max=SEED_MAX, help="Seed of stochastic rounding, 0..2**64-1.")]
+
+
+# Characters of the tables that an ASCII-only stream cannot take, and what stands for them.
+ASCII_LOOKALIKES = str.maketrans({"≈": "~", "█": "#", "→": "->", "…": "...",
+                                  "−": "-", "·": "."})
+
+
+class SafeStream:
+    """A text stream that cannot raise UnicodeEncodeError: characters its encoding lacks
+    become ASCII look-alikes (``≈`` -> ``~``, bars ``█`` -> ``#``), then ``?``.
+
+    rich reads ``encoding`` through it and draws ASCII boxes itself on a non-UTF stream;
+    this catches the characters of our own cells (PYTHONIOENCODING=ascii, a Latin-1 pipe)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        try:
+            text.encode(self.encoding)
+        except UnicodeEncodeError:
+            text = text.translate(ASCII_LOOKALIKES)
+            text = text.encode(self.encoding, "replace").decode(self.encoding)
+        except LookupError:  # an encoding Python does not know: plain ASCII
+            text = text.translate(ASCII_LOOKALIKES).encode("ascii", "replace").decode()
+        return self.stream.write(text)
+
+    def __getattr__(self, name):  # flush, isatty, fileno: the stream's own
+        return getattr(self.stream, name)
 
 
 def stdout_console():
@@ -106,54 +223,72 @@ def stdout_console():
     imported here, not at start-up: --json runs never load it."""
     from rich.console import Console
 
+    stream = SafeStream(sys.stdout)
     if os.environ.get("COLUMNS", "").isdigit():
-        return Console(width=int(os.environ["COLUMNS"]))
-    console = Console()
+        return Console(file=stream, width=max(20, int(os.environ["COLUMNS"])))
+    console = Console(file=stream)
     if not console.is_terminal:  # a pipe or a file: don't squeeze tables into 80 columns
-        console = Console(width=160)
+        console = Console(file=stream, width=160)
     return console
 
 
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
-
-
-def note(message: str) -> None:
-    """One line on stderr, for notes that are not results."""
-    stderr_console().print(f"[dim]Note:[/dim] {message}", markup=True, soft_wrap=True)
-
-
-def handle_errors(command):
-    """Turn FmtError into 'Error: ...' on stderr and its exit code."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except FmtError as error:
-            typer.echo(f"Error: {error}", err=True)
-            raise typer.Exit(error.exit_code) from None
-
-    return wrapper
+    return Console(file=SafeStream(sys.stderr), highlight=False)
 
 
 def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[FormatSpec]:
     """Specs for the names (each may be a comma list; duplicates dropped, order kept), notes
-    for ambiguous names on stderr."""
-    names = [part.strip() for name in (names or default) for part in name.split(",")
-             if part.strip()]
-    if not names:
+    for ambiguous names on stderr.  An empty name ('', 'e4m3,') is a usage error, never a
+    silent default."""
+    specs: list[FormatSpec] = []
+    for name in names or default:
+        parts = [part.strip() for part in name.split(",")]
+        if not all(parts):
+            raise UsageError(f"empty format name in {shown(name)}",
+                             "e.g. --format fp16,bf16,e4m3fn")
+        for part in parts:
+            spec, message = resolve_format(part)
+            if message:
+                note(message)
+            if spec not in specs:
+                specs.append(spec)
+    if not specs:
         raise UsageError("no formats given", "e.g. --format fp16,bf16,e4m3fn")
-    specs = []
-    for name in names:
-        spec, message = resolve_format(name)
-        if message:
-            note(message)
-        if spec not in specs:
-            specs.append(spec)
     return specs
+
+
+def resolve_one_format(name: str | None) -> FormatSpec | None:
+    """The spec of a command's single --format (None: the command's default)."""
+    if name is None:
+        return None
+    if "," in name:
+        raise UsageError(f"--format takes one format here, got {shown(name)}")
+    return resolve_formats([name], ())[0]
+
+
+def check_not_empty(**options: str | list[str] | None) -> None:
+    """An option given as '' (``--recipe ''``, ``--key ''``) is a usage error, not a default."""
+    for option, value in options.items():
+        values = [value] if isinstance(value, str) else value or []
+        if any(not v.strip() for v in values):
+            raise UsageError(f"--{option} must not be empty")
+
+
+def note_skipped(sources) -> list[dict]:
+    """One stderr note per tensor that is not quantized (an int64 position_ids, an empty
+    tensor), and the list for the JSON: ``{"source", "key", "dtype", "shape", "reason"}``."""
+    skipped = [s for s in sources if s.skipped is not None]
+    for s in skipped[:MAX_SKIP_NOTES]:
+        note(f"skipped {shown(s.name)} ({s.dtype}, shape "
+             f"{'x'.join(map(str, s.shape)) or 'scalar'}): {s.skipped}")
+    if len(skipped) > MAX_SKIP_NOTES:
+        note(f"skipped {len(skipped) - MAX_SKIP_NOTES:,} more tensors (--json lists them)")
+    return [{**s.to_dict(), "reason": s.skipped} for s in skipped]
+
+
+MAX_SKIP_NOTES = 20
 
 
 def emit(json_out: bool, result, renderer: str, data=None) -> None:
@@ -181,8 +316,7 @@ def main_options(
     """fmt: what does this value become in each format, and what range does a format cover?"""
 
 
-@app.command("range")
-@handle_errors
+@app.command("range", cls=UsageWithEllipsis)
 def range_command(
     formats: Annotated[Optional[list[str]], typer.Argument(
         metavar="FORMAT", help="Formats to show (names, aliases or custom eXmY). "
@@ -199,8 +333,8 @@ def range_command(
     emit(json_out, specs, "render_range", data=[spec.to_dict() for spec in specs])
 
 
-@app.command("underflow", context_settings={"ignore_unknown_options": True})
-@handle_errors
+@app.command("underflow", cls=UsageWithEllipsis,
+             context_settings={"ignore_unknown_options": True})
 def underflow_command(
     values: Annotated[list[str], typer.Argument(
         metavar="VALUE",
@@ -226,7 +360,8 @@ def underflow_command(
     """
     for text in values:
         if text.startswith("--"):
-            raise typer.BadParameter(f"no such option: {text}")
+            raise UsageError(f"no such option: {shown(text)}", "see 'fmt underflow --help'")
+    check_not_empty(format=format_names, scale=scale)
     parsed = parse_values(values)
     scales = parse_values(scale or [])
     specs = resolve_formats(format_names, ARTICLE_FORMATS)
@@ -269,8 +404,7 @@ class StderrProgress:
             self.bar.stop()
 
 
-@app.command("quantize")
-@handle_errors
+@app.command("quantize", cls=UsageWithEllipsis)
 def quantize_command(
     files: Annotated[Optional[list[str]], typer.Argument(
         metavar="FILE", help="Tensors: .npy .npz .safetensors .pt/.pth .txt/.csv/.json, a "
@@ -287,7 +421,15 @@ def quantize_command(
         "--scale-rule", case_sensitive=False,
         help="How a block's amax sets its scale.  [default: amax]")] = None,
     margin: Annotated[Optional[int], typer.Option(
-        "--margin", min=0, help="Divide scales by 2**margin (headroom).")] = None,
+        "--margin", min=0, max=64, help="Divide scales by 2**margin (headroom), 0..64.")] = None,
+    percentile: Annotated[Optional[float], typer.Option(
+        "--percentile", metavar="Q", help="With --scale-rule percentile (implied): the "
+        "percentile of |x| (in percent, 0 < Q <= 100, e.g. 99.9) that maps to the format's "
+        "max; larger values saturate.", show_default=False)] = None,
+    fixed_scale: Annotated[Optional[str], typer.Option(
+        "--fixed-scale", metavar="S", help="With --scale-rule fixed (implied): one given "
+        "scale for the whole tensor, x_q = cast(x * S) / S (e.g. 64, 2**-4).",
+        show_default=False)] = None,
     recipe: Annotated[Optional[str], typer.Option(
         "--recipe", metavar="NAME", help="Format + granularity + scale rule together: "
         + ", ".join(RECIPES) + ". Explicit options override parts of it.")] = None,
@@ -318,12 +460,17 @@ def quantize_command(
 
     x_q = cast(x * scale) / scale.  Prints flushed values, median/p99 relative error, max
     abs error, RMSE, SQNR, bias and saturation for each scheme.  Default scheme: blocks
-    of 128 along the last axis, float8_e4m3fn, amax scales.
+    of 128 along the last axis, float8_e4m3fn, amax scales.  Tensors that are not floating
+    point (e.g. int64 position_ids) are skipped with a note on stderr.
     """
-    spec = resolve_formats([format_name], ())[0] if format_name else None
-    main_scheme = build_scheme(format=spec, block=block, tile=tile, per=per, axis=axis,
-                               scale_rule=scale_rule, margin=margin, recipe=recipe,
-                               rounding=rounding, overflow=overflow)
+    check_not_empty(format=format_name, recipe=recipe, key=keys, tile=tile, out=out)
+    scale_rule, fixed = rule_with_value(scale_rule, percentile, fixed_scale)
+    if fixed is not None and block is None and tile is None and per is None:
+        per = Per.TENSOR  # one given scale: the granularity does not matter
+    main_scheme = build_scheme(format=resolve_one_format(format_name), block=block, tile=tile,
+                               per=granularity(per), axis=axis, scale_rule=scale_rule,
+                               margin=margin, recipe=recipe, rounding=rounding,
+                               overflow=overflow, percentile=percentile, fixed_scale=fixed)
     schemes = comparison_schemes(main_scheme, compare.value)
     if out is not None:
         if compare is Compare.ALL:
@@ -334,20 +481,47 @@ def quantize_command(
     sources = load_inputs(files, keys) if files else [example_tensor()]
     if out is not None:
         check_not_an_input(out, sources)
+    skipped = note_skipped(sources)
+    if main_scheme.granularity is Granularity.COLUMN:
+        for s in sources:
+            if s.skipped is None and len(s.shape) <= 1 and s.size > 1:
+                note(f"--per column on the 1-D tensor {shown(s.name)}: each element is a "
+                     "column, so every element gets its own scale")
     progress = StderrProgress("quantizing")
     try:
         result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
                           progress=progress, out=out, backend=backend, device=device)
     finally:
         progress.close()
-    for tensor in result.tensors:
-        if tensor.skipped:
-            note(f"skipped {tensor.tensor['key'] or tensor.tensor['source']}: {tensor.skipped}")
-    emit(json_out, result, "render_quantize")
+    emit(json_out, result, "render_quantize", data={**result.to_dict(), "skipped": skipped}
+         if json_out else None)
 
 
-@app.command("scale-search")
-@handle_errors
+def granularity(per: Per | None) -> Granularity | None:
+    return None if per is None else Granularity(per.value)
+
+
+def rule_with_value(rule: ScaleRule | None, percentile: float | None,
+                    fixed_scale: str | None) -> tuple[ScaleRule | None, float | None]:
+    """The scale rule implied or checked by --percentile / --fixed-scale, and the fixed
+    scale parsed (as exactly as a literal of ``fmt underflow``)."""
+    if percentile is not None and fixed_scale is not None:
+        raise UsageError("--percentile and --fixed-scale are alternatives: give one")
+    for option, value, wanted in (("--percentile", percentile, ScaleRule.PERCENTILE),
+                                  ("--fixed-scale", fixed_scale, ScaleRule.FIXED)):
+        if value is not None and rule not in (None, wanted):
+            raise UsageError(f"{option} goes with --scale-rule {wanted.value}, not "
+                             f"{rule.value}")
+        if value is None and rule is wanted:
+            example = "99.9" if wanted is ScaleRule.PERCENTILE else "64"
+            raise UsageError(f"--scale-rule {wanted.value} needs {option} (e.g. {option} "
+                             f"{example})")
+        if value is not None:
+            rule = wanted
+    return rule, None if fixed_scale is None else parse_value(fixed_scale)
+
+
+@app.command("scale-search", cls=UsageWithEllipsis)
 def scale_search_command(
     files: Annotated[Optional[list[str]], typer.Argument(
         metavar="FILE", help="Tensors, as for quantize. None: the article's example (or, "
@@ -373,7 +547,6 @@ def scale_search_command(
         "--histogram", help="With --loss-scale: a histogram of log2|g| with the format's "
         "regions.")] = False,
     keys: KeyOption = None,
-    seed: SeedOption = 0,
     backend: BackendOption = Backend.AUTO,
     device: DeviceOption = Device.CPU,
     workers: WorkersOption = None,
@@ -384,8 +557,10 @@ def scale_search_command(
     x_q = cast(x * scale) / scale.  Rules: amax (and margins 1..3), powers of two, MX
     E8M0, percentile clipping, delayed scaling (for a sequence of tensors) and an MSE
     search.  Default granularity: one scale per tensor.  --loss-scale: which loss scale
-    keeps FP16 gradients from flushing or overflowing.
+    keeps FP16 gradients from flushing or overflowing.  Every candidate rounds to
+    nearest-even.  Tensors that are not floating point are skipped with a note on stderr.
     """
+    check_not_empty(format=format_name, key=keys, tile=tile)
     if not files and keys:
         raise UsageError("--key needs a FILE")
     if histogram and not loss_scale:
@@ -397,9 +572,9 @@ def scale_search_command(
         if given:
             raise UsageError(f"{', '.join(given)} do not apply to --loss-scale (it sweeps one "
                              "scale for all gradients)")
-    if loss_scale:
-        spec = resolve_formats([format_name or "float16"], ())[0]
+        spec = resolve_one_format(format_name or "float16")
         sources = load_inputs(files, keys) if files else [example_gradients()]
+        note_skipped(sources)
         result = sweep_loss_scales(sources, spec, workers=workers, backend=backend,
                                    device=device)
         if json_out:
@@ -409,26 +584,28 @@ def scale_search_command(
 
             stdout_console().print(render.render_loss_scale(result, histogram))
         return
-    spec = resolve_formats([format_name], ())[0] if format_name else None
     if block is None and tile is None and per is None:
-        per = Granularity.TENSOR
-    base = build_scheme(format=spec, block=block, tile=tile, per=per, axis=axis)
+        per = Per.TENSOR
+    base = build_scheme(format=resolve_one_format(format_name), block=block, tile=tile,
+                        per=granularity(per), axis=axis)
     sources = load_inputs(files, keys) if files else [example_tensor()]
+    note_skipped(sources)
     result = search_scales(sources, base, metric, history=history,
-                           first_axis=over_first_axis, seed=seed, workers=workers,
-                           backend=backend, device=device)
+                           first_axis=over_first_axis, workers=workers, backend=backend,
+                           device=device)
     emit(json_out, result, "render_scale_search")
 
 
-@app.command("check-backends")
-@handle_errors
+@app.command("check-backends", cls=UsageWithEllipsis)
 def check_backends_command(
     formats: Annotated[Optional[list[str]], typer.Argument(
         metavar="FORMAT", help="Formats to check.  Default: every registered format.",
         show_default=False)] = None,
     format_names: Annotated[Optional[list[str]], typer.Option(
         "--format", metavar="F", help="Formats to check (repeatable or a comma list).")] = None,
-    seed: SeedOption = 0,
+    seed: Annotated[int, typer.Option(
+        "--seed", min=0, max=SEED_MAX, help="Seed of the random sample of float32 bit "
+        "patterns (2**18 of them) among the inputs, 0..2**64-1.")] = 0,
     json_out: JsonOption = False,
 ) -> None:
     """Can I trust this cast? ml_dtypes and torch (CPU, CUDA) against fmtcli's engine.

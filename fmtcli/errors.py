@@ -43,11 +43,34 @@ class DataError(FmtError):
     """The input data is missing, unreadable or unusable (exit code 1)."""
 
 
+SHOWN_LIMIT = 240  # characters of user text kept in a message (head and tail)
+
+
+def one_line(text: object, limit: int = 2000) -> str:
+    """``text`` as one line of a message: newlines, tabs and other control or unprintable
+    characters escaped as Python writes them (``\\n``, ``\\x1b``), and text longer than
+    ``limit`` characters cut in the middle (``...``), so a 100 kB argument quoted in an error
+    does not flood the terminal."""
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(text) > limit:
+        keep = max(8, limit // 2 - 10)
+        text = f"{text[:keep]} ...[{len(text) - 2 * keep:,} characters]... {text[-keep:]}"
+    return text
+
+
 def shown(path: object) -> str:
     """A path (or any user-given text) as it appears in a one-line message: quoted, with
     newlines, tabs and other control or unprintable characters escaped, so that a message
-    naming ``'a\\nb.npy'`` stays on one line and says exactly which file it means."""
+    naming ``'a\\nb.npy'`` stays on one line and says exactly which file it means.  Text
+    longer than SHOWN_LIMIT characters keeps its head and tail around a count of what was
+    left out."""
     text = str(path)
+    if len(text) > SHOWN_LIMIT:
+        return shown(text[:SHOWN_LIMIT // 2]).rstrip("'\"") + \
+            f" ...[{len(text) - SHOWN_LIMIT // 2 - SHOWN_LIMIT // 4:,} characters]... " + \
+            shown(text[-(SHOWN_LIMIT // 4):]).lstrip("'\"")
     if text.isprintable() and "'" not in text:
         return f"'{text}'"
     return repr(text)
