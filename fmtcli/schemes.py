@@ -209,11 +209,14 @@ def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
                  tile: str | None = None, per: Granularity | None = None, axis: int | None = None,
                  scale_rule: ScaleRule | None = None, margin: int | None = None,
                  recipe: str | None = None, rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
-                 overflow: OverflowPolicy = OverflowPolicy.SATURATE) -> Scheme:
+                 overflow: OverflowPolicy = OverflowPolicy.SATURATE,
+                 percentile: float | None = None, fixed_scale: float | None = None) -> Scheme:
     """The scheme from command-line choices: defaults, then the recipe, then explicit options.
 
     Defaults: float8_e4m3fn, blocks of 128 along the last axis, amax scales.  ``block``,
-    ``tile`` and ``per`` are alternatives (at most one).
+    ``tile`` and ``per`` are alternatives (at most one).  ``percentile`` (percent) goes with
+    the percentile rule, ``fixed_scale`` (x_q = cast(x * fixed_scale) / fixed_scale) with the
+    fixed rule; Scheme checks that they do.
     """
     given = [name for name, value in (("--block", block), ("--tile", tile), ("--per", per))
              if value is not None]
@@ -243,6 +246,10 @@ def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
             raise UsageError("the nvfp4 recipe's two-level scales use the amax rule")
     if margin is not None:
         fields["margin"] = margin
+    if percentile is not None:
+        fields["percentile"] = percentile
+    if fixed_scale is not None:
+        fields["fixed_scale"] = fixed_scale
     return Scheme(rounding=RoundingMode(rounding), overflow=OverflowPolicy(overflow), **fields)
 
 
