@@ -122,7 +122,9 @@ class ChunkKernel:
         self.spec = plan.scheme.format
         self.seed = seed
         self.backend, self.device = backend, device
-        self.threshold = beyond_threshold(self.spec)
+        # below it no value can round past max under this rounding mode (per working dtype)
+        self.thresholds = {dtype: beyond_threshold(self.spec, plan.scheme.rounding, dtype)
+                           for dtype in (np.dtype(np.float32), np.dtype(np.float64))}
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
         self.two_level = plan.scheme.scale_format is ScaleFormat.E4M3_FP32
@@ -167,7 +169,8 @@ class ChunkKernel:
             # |x * scale| <= fl(amax * scale) in the data's own arithmetic (rounding is
             # monotone), so this bounds every scaled value exactly
             peak = float(np.max(amax * scale.astype(amax.dtype)))
-            in_range = peak < self.threshold  # all round to at most max; False for NaN
+            # all round to at most max (under this scheme's rounding mode); False for NaN
+            in_range = peak < self.thresholds[amax.dtype]
         plain = self.plain and keep != "codes"
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
         dead = None

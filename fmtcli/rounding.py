@@ -173,22 +173,45 @@ def round_float32_nearest_even(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
     return magnitude
 
 
-@functools.lru_cache(maxsize=64)
-def beyond_threshold(spec: FormatSpec) -> float:
-    """The smallest float32 whose nearest-even rounding lies past max: values below it
-    round to at most max; from it on they saturate or overflow."""
-    lo = int(np.float32(spec.max).view(np.uint32))
-    hi = int(np.float32(np.finfo(np.float32).max).view(np.uint32))
+@functools.lru_cache(maxsize=256)
+def beyond_threshold(spec: FormatSpec, rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
+                     dtype=np.float32) -> float:
+    """The smallest magnitude of ``dtype`` (float32 or float64) whose rounding by ``rounding``
+    may lie past max: every value of smaller magnitude rounds to at most max, so the range
+    step (``apply_range``) can be skipped for it; from it on values saturate or overflow.
+
+    Nearest-even: just above the midpoint between max and the next grid point (or the
+    midpoint itself where its tie goes up).  ``stochastic``: the first value above max (any
+    of them may round up).  Other modes: found the same way as nearest-even, by bisection
+    over the magnitudes, looking at both signs (``up`` rounds +449 past 448 in E4M3, ``down``
+    -449).  inf where no finite value of ``dtype`` rounds past max.
+    """
+    rounding = RoundingMode(rounding)
+    dtype = np.dtype(dtype)
+    carrier = np.uint32 if dtype == np.float32 else np.uint64
+    top = float(np.finfo(dtype).max)
+    if spec.max >= top:
+        return float("inf")
+    if rounding is RoundingMode.STOCHASTIC:
+        return float(np.nextafter(dtype.type(spec.max), dtype.type(np.inf)))
+
+    def past(bits: int) -> bool:
+        v = np.array([bits], carrier).view(dtype)
+        v = np.concatenate([v, -v])
+        with np.errstate(invalid="ignore", over="ignore"):
+            return bool(np.any(np.abs(round_unbounded(v, spec, rounding)) > spec.max))
+
+    lo = int(np.array([spec.max], dtype).view(carrier)[0])  # max itself never rounds past
+    hi = int(np.array([top], dtype).view(carrier)[0])
+    if not past(hi):
+        return float("inf")
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        v = np.array([np.uint32(mid).view(np.float32)], np.float32)
-        with np.errstate(invalid="ignore", over="ignore"):
-            past = abs(float(round_unbounded(v, spec, RoundingMode.NEAREST_EVEN)[0])) > spec.max
-        if past:
+        if past(mid):
             hi = mid
         else:
             lo = mid
-    return float(np.uint32(hi).view(np.float32))
+    return float(np.array([hi], carrier).view(dtype)[0])
 
 
 def _overflow_value(spec: FormatSpec, rounding: RoundingMode, negative: bool) -> float:
