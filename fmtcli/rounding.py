@@ -117,26 +117,63 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
     return np.ldexp(y, exponent)
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser on a Python int (a bijection of 64-bit words, full avalanche)."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _mix64_array(z: np.ndarray, a: int, b: int) -> np.ndarray:
+    """A murmur3/splitmix-style finaliser over a uint64 array (multipliers a, b, both odd),
+    in place; uint64 array arithmetic wraps modulo 2**64 without a warning."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(a)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(b)
+    z ^= z >> np.uint64(31)
+    return z
+
+
 class PositionalUniform:
-    """Uniform [0, 1) numbers that depend only on (seed, element index): a counter-based
-    generator (the splitmix64 finaliser of the index), so stochastic rounding of a tensor
-    gives the same result however it is cut into chunks or spread over workers.
+    """Uniform [0, 1) numbers that depend only on (seed, element index): a keyed
+    counter-based generator, so stochastic rounding of a tensor gives the same result however
+    it is cut into chunks or spread over workers.
+
+    The seed (any integer 0 .. 2**64 - 1) gives three 64-bit keys (k1, k2, and an odd
+    multiplier m): the first outputs of splitmix64 seeded with it.  Each index i then goes
+    through two rounds, ``z = mix(i * golden ^ k1)``, ``z = mix((z ^ k2) * m)``.  The keys
+    enter by XOR and by multiplication, not by addition, so one seed's stream is not another's
+    shifted (as it was when the seed was added to the index), and neighbouring seeds give
+    unrelated streams.
+    The top 53 bits of z make the float64.
 
     ``random(shape)`` returns the numbers of ``indices`` (uint64, that many elements).
     """
 
+    GOLDEN = 0x9E3779B97F4A7C15
+
     def __init__(self, seed: int, indices: np.ndarray) -> None:
-        self.seed = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        seed = int(seed)
+        if not 0 <= seed <= _M64:
+            raise UsageError(f"a seed must be in 0 .. 2**64 - 1, got {seed}")
+        # the first three outputs of splitmix64 seeded with ``seed``
+        k1, k2, m = (_mix64(seed + n * self.GOLDEN) for n in (1, 2, 3))
+        self.keys = (k1, k2, m | 1)
         self.indices = indices
 
     def random(self, shape) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            z = self.indices.reshape(-1) * np.uint64(0x9E3779B97F4A7C15) + self.seed
-            z ^= z >> np.uint64(30)
-            z *= np.uint64(0xBF58476D1CE4E5B9)
-            z ^= z >> np.uint64(27)
-            z *= np.uint64(0x94D049BB133111EB)
-            z ^= z >> np.uint64(31)
+        k1, k2, m = self.keys
+        z = np.multiply(self.indices.reshape(-1), np.uint64(self.GOLDEN), dtype=np.uint64)
+        z ^= np.uint64(k1)
+        _mix64_array(z, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+        z ^= np.uint64(k2)
+        z *= np.uint64(m)
+        _mix64_array(z, 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)  # murmur3's fmix64 constants
         return (z >> np.uint64(11)).astype(np.float64).reshape(shape) * 2.0 ** -53
 
 
