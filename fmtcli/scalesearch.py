@@ -8,12 +8,19 @@ for all of them); nothing here quantizes on its own.  Candidates:
 - ``pow2-floor|ceil|nearest`` and the MX E8M0 rules ``mx-floor`` and ``mx-rceil``;
 - ``percentile 99.9|99.99|99.999``: the percentile of |x| maps to max (the rest saturates);
 - ``delayed max`` / ``delayed most_recent`` (Transformer Engine's delayed scaling): over a
-  sequence of tensors (steps), step t is scaled with max / f(amax of the H steps before it),
+  sequence of steps, step t is scaled with max / f(amax of the H steps before it),
   f = max or the most recent; the first step has no history and uses scale 1, as TE starts.
-  One scale per tensor only;
+  One scale per tensor only.  Steps are only what is meant as steps: the slices of one
+  tensor's first axis (``--over-first-axis``), or several files of one tensor each, all of
+  one shape, in the order given.  The tensors of one checkpoint are not a sequence;
 - ``mse search``: a grid search over log2 of a common factor on the amax scales, from 2 up
   to 2**-6, first in steps of 1/4 binade, then in steps of 1/32 around the best; with one
   scale per tensor this is a search over log2(scale) itself.  Resolution: 1/32 binade.
+
+A tensor without a finite nonzero value (all zeros, only NaN/inf) has nothing to quantize:
+it is left out of the candidates (a note names it), and when no tensor has anything to
+quantize the result has no candidates and no best.  Where every candidate's metric is NaN,
+there is no best either.
 """
 
 from __future__ import annotations
@@ -25,9 +32,18 @@ from enum import Enum
 import numpy as np
 
 from .backends import Backend, Device
-from .errors import UsageError
+from .errors import UsageError, shown
+from .kernel import tile_amax
 from .metrics import ErrorAccumulator
-from .quantize import matrix_shape, quantize, quantize_tensor, tensor_amax
+from .parallel import default_workers, run_tasks, shared_array
+from .quantize import (
+    CHUNK_ELEMENTS,
+    ChunkReader,
+    chunk_slices,
+    matrix_shape,
+    quantize,
+    quantize_tensor,
+)
 from .results import ScaleSummary, SchemeStats
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
@@ -43,11 +59,10 @@ class Metric(str, Enum):
 
 
 def metric_value(stats: SchemeStats, metric: Metric) -> float:
-    """The metric as a number to minimise (SQNR negated); NaN ranks last."""
-    value = {Metric.MSE: stats.rmse ** 2, Metric.SQNR: -stats.sqnr_db,
-             Metric.MEDIAN_REL: stats.median_rel_error, Metric.P99_REL: stats.p99_rel_error,
-             Metric.FLUSHED: stats.flushed_fraction}[metric]
-    return math.inf if math.isnan(value) else value
+    """The metric as a number to minimise (SQNR negated); NaN where it is undefined."""
+    return {Metric.MSE: stats.mse, Metric.SQNR: -stats.sqnr_db,
+            Metric.MEDIAN_REL: stats.median_rel_error, Metric.P99_REL: stats.p99_rel_error,
+            Metric.FLUSHED: stats.flushed_fraction}[metric]
 
 
 @dataclass(frozen=True)
@@ -61,19 +76,18 @@ class Candidate:
     steps: int | None = None
 
     def to_dict(self) -> dict:
+        """The rule, then the statistics under the same keys as ``fmt quantize`` (from
+        ``SchemeStats.to_dict``: every count with its ``_fraction``, ``rmse`` and ``mse``)."""
         s = self.stats
         scales = s.scales
         one = scales["count"] == 1 or (scales["min"] is not None and scales["min"] == scales["max"]
                                        and scales["distinct"] == 1)
         rule = "delayed" if self.overflow_steps is not None else s.scheme["scale_rule"]
-        out = {"name": self.name, "scale_rule": rule,
-               "margin": s.scheme["margin"], "percentile": s.scheme["percentile"],
-               "scale": scales["min"] if one else None, "scales": scales,
-               "flushed_fraction": s.flushed_fraction,
-               "saturated_fraction": s.saturated / s.count if s.count else 0.0,
-               "median_rel_error": s.median_rel_error, "p99_rel_error": s.p99_rel_error,
-               "sqnr_db": s.sqnr_db, "mse": s.rmse ** 2, "count": s.count,
-               "nan_produced": s.nan_produced, "note": self.note}
+        out = {"name": self.name, "scale_rule": rule, "margin": s.scheme["margin"],
+               "percentile": s.scheme["percentile"], "scale_format": s.scheme["scale_format"],
+               "scale": scales["min"] if one else None}
+        out.update({k: v for k, v in s.to_dict().items() if k not in s.scheme})
+        out["note"] = self.note
         if self.overflow_steps is not None:
             out["overflow_steps"] = self.overflow_steps
             out["steps"] = self.steps
@@ -83,24 +97,79 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ScaleSearchResult:
+    """The candidates, the best (``None`` when nothing ranks), the tensors read and those
+    skipped (not floating point, empty), and notes on what was left out and why."""
+
     scheme: dict
     metric: Metric
     candidates: tuple[Candidate, ...]
-    best: str
+    best: str | None
     tensors: tuple[dict, ...]
     steps: int
     notes: tuple[str, ...] = ()
+    skipped: tuple[dict, ...] = ()
+    sequence: str | None = None  # what the delayed candidates took as steps
 
     def to_dict(self) -> dict:
         return {"format": self.scheme["format"], "granularity": self.scheme["granularity"],
                 "scheme": self.scheme, "metric": self.metric.value, "best": self.best,
-                "steps": self.steps, "tensors": list(self.tensors),
+                "steps": self.steps, "sequence": self.sequence, "tensors": list(self.tensors),
+                "skipped": list(self.skipped),
                 "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes)}
 
 
 COARSE = np.arange(-1.0, 6.0 + 1e-9, 0.25)  # margins (binades below the amax scale)
 FINE_STEP = 1 / 32
 HISTORY = 1024  # Transformer Engine's default amax_history_len
+
+
+def skipped_of(sources: list[TensorSource]) -> tuple[dict, ...]:
+    """The tensors left out at loading (dtype not a real float, empty), as JSON objects:
+    ``source``, ``key``, ``dtype``, ``shape``, ``reason``."""
+    return tuple({**s.to_dict(), "reason": s.skipped} for s in sources if s.skipped is not None)
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a tensor holds: max |x| (NaN if it holds NaN, as ``torch.amax``), the count of
+    finite nonzero values and of NaN/inf values."""
+
+    amax: float
+    finite_nonzero: int
+    nonfinite: int
+    size: int
+
+    @property
+    def why_empty(self) -> str:
+        if self.nonfinite == 0:
+            return "all zeros"
+        return "only NaN/inf" if self.nonfinite == self.size else "only zeros and NaN/inf"
+
+
+def content_of(source: TensorSource, *, chunk_elements: int = CHUNK_ELEMENTS,
+               workers: int | None = None) -> Content:
+    """One streamed pass: amax and counts (amax in the data's width: float64 stays float64)."""
+    workers = default_workers() if workers is None else workers
+    reader = ChunkReader(source)
+    try:
+        rows, cols = matrix_shape(source.shape)
+        chunks = chunk_slices(rows, cols, [], chunk_elements)
+        workers = max(1, min(workers, len(chunks)))
+        amax = shared_array((workers,), np.float64)
+        counts = shared_array((workers, 2), np.int64)
+
+        def task(index: int, worker: int) -> int:
+            x = reader.read(*chunks[index])
+            finite = np.isfinite(x)
+            counts[worker] += (np.count_nonzero(finite & (x != 0)), x.size
+                               - np.count_nonzero(finite))
+            amax[worker] = np.maximum(amax[worker], tile_amax(x, *x.shape)[0, 0])  # NaN stays
+            return x.size
+
+        run_tasks(task, len(chunks), workers)
+    finally:
+        reader.close()
+    return Content(float(amax.max()), int(counts[:, 0].sum()), int(counts[:, 1].sum()), source.size)
 
 
 def _percentile_fits(base: Scheme, steps: list[TensorSource]) -> bool:
@@ -113,6 +182,22 @@ def _percentile_fits(base: Scheme, steps: list[TensorSource]) -> bool:
         if tr >= rows > 1 and tc < cols:
             return False
     return True
+
+
+def _per_element(base: Scheme, steps: list[TensorSource]) -> list[TensorSource]:
+    """Tensors of more than one element where the granularity gives every element its own
+    scale (``--per column`` of a 1-D tensor, which is one row; ``--block 1``)."""
+    out = []
+    for step in steps:
+        rows, cols = matrix_shape(step.shape)
+        if step.size > 1 and base.tile_shape(rows, cols, len(step.shape)) == (1, 1):
+            out.append(step)
+    return out
+
+
+def _names(steps: list[TensorSource], limit: int = 4) -> str:
+    text = ", ".join(shown(s.name) for s in steps[:limit])
+    return text + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
 
 
 def _rule_candidates(base: Scheme, per_column: bool) -> tuple[list[tuple[str, Scheme]], list]:
@@ -148,13 +233,19 @@ def _mse_search(sources, plain: Scheme, **options) -> Candidate:
     """Grid search of the margin (log2 of the scale factor) by MSE."""
     coarse = [replace(plain, margin=float(m)) for m in COARSE]
     stats = _evaluate(sources, coarse, **options)
-    errors = [metric_value(s, Metric.MSE) for s in stats]
-    centre = float(COARSE[int(np.argmin(errors))])
+
+    def error(s: SchemeStats) -> float:
+        return math.inf if math.isnan(s.mse) else s.mse
+
+    if all(math.isnan(s.mse) for s in stats):
+        note = "no scale factor gives a defined MSE (no finite pair of input and result)"
+        return Candidate("mse search", stats[COARSE.tolist().index(0.0)], note)
+    centre = float(COARSE[int(np.argmin([error(s) for s in stats]))])
     fine_margins = centre + np.arange(-8, 9) * FINE_STEP
     fine = [replace(plain, margin=float(m)) for m in fine_margins]
     fine_stats = _evaluate(sources, fine, **options)
     every = list(zip(COARSE.tolist(), stats)) + list(zip(fine_margins.tolist(), fine_stats))
-    margin, best = min(every, key=lambda pair: (metric_value(pair[1], Metric.MSE), pair[0]))
+    margin, best = min(every, key=lambda pair: (error(pair[1]), pair[0]))
     factor = "1 (the amax scale itself)" if margin == 0 else f"2^{-margin:+.4g}"
     note = (f"grid search over log2 of the scale factor on amax scales: steps of 1/4 binade "
             f"from x2 to x2^-6, then 1/32 around the best; best factor {factor}")
@@ -162,8 +253,8 @@ def _mse_search(sources, plain: Scheme, **options) -> Candidate:
 
 
 def sequence_of(sources: list[TensorSource], first_axis: bool) -> list[TensorSource]:
-    """The steps of a sequence: the tensors themselves, or the slices of one tensor's first
-    axis (``first_axis``)."""
+    """The tensors to evaluate: the usable tensors themselves, or the slices of one tensor's
+    first axis (``first_axis``)."""
     usable = [s for s in sources if s.skipped is None]
     if not first_axis:
         return usable
@@ -179,10 +270,30 @@ def sequence_of(sources: list[TensorSource], first_axis: bool) -> list[TensorSou
     return steps
 
 
+def sequence_problem(steps: list[TensorSource], first_axis: bool) -> str | None:
+    """Why the tensors are not a sequence of steps for delayed scaling (None: they are).
+    Steps are the slices of ``--over-first-axis``, or several files of one tensor each and
+    of one shape (a tensor seen at successive steps keeps its shape)."""
+    if first_axis:
+        return None
+    if len(steps) < 2:
+        return ("delayed scaling needs a sequence of steps: give one file per step, or "
+                "--over-first-axis for the slices of one tensor")
+    if len({s.source for s in steps}) < len(steps):
+        return ("delayed scaling needs a sequence of steps: the tensors of one checkpoint are "
+                "not steps; give one file per step, or --over-first-axis")
+    if len({tuple(s.shape) for s in steps}) > 1:
+        return ("delayed scaling needs a sequence of steps of one shape; the files given "
+                "differ in shape")
+    return None
+
+
 def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: str,
-             amaxes: list[float], **options) -> Candidate:
-    """Transformer Engine's delayed scaling over the steps, per tensor."""
+             contents: list[Content], what: str, **options) -> Candidate:
+    """Transformer Engine's delayed scaling over the steps, per tensor.  Steps with nothing
+    to quantize keep their place in the amax history but add no statistics."""
     spec = plain.format
+    amaxes = [c.amax for c in contents]
     acc, summary = ErrorAccumulator(), ScaleSummary()
     overflow_steps = 0
     for t, step in enumerate(steps):
@@ -190,9 +301,11 @@ def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: 
         reference = (max(past) if algorithm == "max" else past[-1]) if past else 0.0
         scale = float(np.float32(min(spec.max / reference, np.finfo(np.float32).max))) \
             if reference > 0 else 1.0
-        if np.float32(amaxes[t]) * np.float32(scale) > np.float32(spec.max):  # as the cast
-
-            overflow_steps += 1
+        with np.errstate(over="ignore"):
+            if np.float32(amaxes[t]) * np.float32(scale) > np.float32(spec.max):  # as the cast
+                overflow_steps += 1
+        if not contents[t].finite_nonzero:
+            continue
         scheme = replace(plain, scale_rule=ScaleRule.FIXED, fixed_scale=scale)
         per_scheme, _ = quantize_tensor(step, [scheme], **options)
         _, step_acc, step_summary = per_scheme[0]
@@ -200,9 +313,17 @@ def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: 
         summary.merge(step_summary)
     stats = SchemeStats.from_accumulator(
         replace(plain, scale_rule=ScaleRule.FIXED, fixed_scale=1.0), acc, summary)
-    note = (f"history {history}, algorithm {algorithm}; the first step has no history and "
-            f"uses scale 1")
+    note = (f"{what}; history {history}, algorithm {algorithm}; the first step has no "
+            f"history and uses scale 1")
     return Candidate(f"delayed {algorithm}", stats, note, overflow_steps, len(steps))
+
+
+def best_of(candidates: list[Candidate], metric: Metric) -> str | None:
+    """The candidate with the smallest metric (SQNR: largest); ties: the first listed;
+    None when every candidate's metric is NaN."""
+    ranked = [(metric_value(c.stats, metric), i) for i, c in enumerate(candidates)]
+    ranked = [pair for pair in ranked if not math.isnan(pair[0])]
+    return candidates[min(ranked)[1]].name if ranked else None
 
 
 def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Metric.MSE, *,
@@ -218,22 +339,48 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements
     steps = sequence_of(sources, first_axis)
-    per_tensor = base.granularity is Granularity.TENSOR
-    named, notes = _rule_candidates(base, not _percentile_fits(base, steps))
-    stats = _evaluate(steps, [scheme for _, scheme in named], **options)
-    candidates = [Candidate(name, s) for (name, _), s in zip(named, stats)]
-    candidates.append(_mse_search(steps, named[0][1], **options))
-    if len(steps) >= 2 and per_tensor:
-        amaxes = [tensor_amax(step, workers=workers) for step in steps]
-        for algorithm in ("max", "most_recent"):
-            candidates.append(_delayed(steps, named[0][1], history, algorithm, amaxes,
-                                       **options))
-    elif per_tensor:
-        notes.append("delayed scaling needs a sequence: give several tensors, or "
-                      "--over-first-axis for the slices of one")
-    else:
-        notes.append("delayed scaling is one scale per tensor: use --per tensor")
-    best = min(candidates, key=lambda c: metric_value(c.stats, metric))
     tensors = tuple(s.to_dict() for s in sources if s.skipped is None)
-    return ScaleSearchResult(named[0][1].to_dict(), metric, tuple(candidates), best.name,
-                             tensors, len(steps), tuple(notes))
+    skipped = skipped_of(sources)
+    contents = [content_of(step, workers=workers) for step in steps]
+    quantizable = [s for s, c in zip(steps, contents) if c.finite_nonzero]
+    empty = [(s, c) for s, c in zip(steps, contents) if not c.finite_nonzero]
+    notes = []
+    if empty:
+        why = sorted({c.why_empty for _, c in empty})
+        notes.append(f"nothing to quantize in {_names([s for s, _ in empty])} "
+                     f"({', '.join(why)}): left out of the candidates")
+    plain = replace(base, scale_rule=ScaleRule.AMAX, margin=0, percentile=None,
+                    fixed_scale=None, scale_format=ScaleFormat.FLOAT32, recipe=None)
+    if not quantizable:
+        return ScaleSearchResult(plain.to_dict(), metric, (), None, tensors, len(steps),
+                                 ("nothing to quantize: no finite nonzero value in the "
+                                  "input, so no scale rule has anything to rank",), skipped)
+    per_element = _per_element(base, quantizable)
+    if per_element:
+        why = (": a 1-D tensor is one row, so --per column gives each value its own scale"
+               if base.granularity is Granularity.COLUMN else "")
+        notes.append(f"one scale per element in {_names(per_element)}{why}")
+    per_tensor = base.granularity is Granularity.TENSOR
+    named, rule_notes = _rule_candidates(base, not _percentile_fits(base, quantizable))
+    notes += rule_notes
+    stats = _evaluate(quantizable, [scheme for _, scheme in named], **options)
+    candidates = [Candidate(name, s) for (name, _), s in zip(named, stats)]
+    candidates.append(_mse_search(quantizable, plain, **options))
+    problem = sequence_problem(steps, first_axis)
+    sequence = None
+    if not per_tensor:
+        notes.append("delayed scaling is one scale per tensor: use --per tensor")
+    elif problem:
+        notes.append(problem)
+    else:
+        sequence = (f"each slice of the first axis is one step ({len(steps)} steps)"
+                    if first_axis else
+                    f"each file is one step, in the order given ({len(steps)} steps)")
+        for algorithm in ("max", "most_recent"):
+            candidates.append(_delayed(steps, plain, history, algorithm, contents, sequence,
+                                       **options))
+    best = best_of(candidates, metric)
+    if best is None:
+        notes.append(f"no best: no candidate has a defined {metric.value}")
+    return ScaleSearchResult(plain.to_dict(), metric, tuple(candidates), best, tensors,
+                             len(steps), tuple(notes), skipped, sequence)
