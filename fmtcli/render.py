@@ -243,20 +243,26 @@ def _scale_cell(candidate: dict) -> str:
     return f"{value_text(scales['min'], 3)} .. {value_text(scales['max'], 3)}"
 
 
-def render_scale_search(result) -> Table:
-    """One row per candidate rule; the best by the chosen metric marked."""
+def render_scale_search(result) -> Table | Text:
+    """One row per candidate rule; the best by the chosen metric marked.  With nothing to
+    quantize (no candidates), the title and the notes that say why."""
     data = result.to_dict()
+    title = (f"Scale rules for {data['format']}, one scale per "
+             f"{_granularity_text(data['scheme'])}")
+    if not data["candidates"]:
+        return Text("\n".join([title, "", *data["notes"]]))
     delayed = any("overflow_steps" in c for c in data["candidates"])
+    n, skipped = len(data["tensors"]), len(data["skipped"])
     caption = (f"x_q = cast(x * scale) / scale; best by {data['metric']}; "
-               f"{data['steps']} tensor(s)")
+               f"{n:,} tensor{'' if n == 1 else 's'}"
+               + (f" ({skipped:,} more skipped)" if skipped else ""))
     for note in data["notes"]:
         caption += f"\n{note}"
     for c in data["candidates"]:
         if c["note"]:
             caption += f"\n{c['name']}: {c['note']}"
-    table = Table(title=f"Scale rules for {data['format']}, one scale per "
-                        f"{_granularity_text(data['scheme'])}", title_justify="left",
-                  caption=caption, caption_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+                  box=box.SIMPLE_HEAD)
     table.add_column("rule")
     for header in ("scale", "flushed", "saturated", "median rel", "p99 rel", "SQNR", "MSE"):
         table.add_column(header, justify="right", no_wrap=True)
