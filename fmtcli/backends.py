@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import UsageError
 from .formats import FormatSpec
-from .rounding import round_to_format
+from .rounding import OverflowPolicy, RoundingMode, round_to_format
 
 TORCH_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
@@ -89,19 +89,31 @@ def supports(backend: Backend, spec: FormatSpec, device: Device = Device.CPU) ->
 
 
 def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
-            elements: int = 0) -> tuple[Backend, Device]:
+            elements: int = 0, rounding: RoundingMode | str | None = None
+            ) -> tuple[Backend, Device]:
     """The backend and device to use for one format.  ``auto`` is the engine, the fastest
     on the CPU (benchmarks/RESULTS.md), or torch with ``--device cuda``; device ``auto`` is
     the CPU here (``quantize.quantize_tensor`` sends large tensors to the GPU where its fused
-    kernel takes the scheme).  Never imports torch for ``auto``."""
+    kernel takes the scheme).  Never imports torch for ``auto``.
+
+    What a backend cannot do is refused before torch is imported (seconds): a rounding mode
+    other than nearest-even (``rounding``, when given) on ml_dtypes or torch, and a format
+    outside ``TORCH_NAMES`` on torch (no FP4/FP6/custom casts)."""
     backend, device = Backend(backend), Device(device)
     if backend is Backend.AUTO:
         if device is Device.CUDA:
-            return resolve(Backend.TORCH, device, spec, elements)
+            return resolve(Backend.TORCH, device, spec, elements, rounding)
         return Backend.NUMPY, Device.CPU
     if device is Device.AUTO:
         device = Device.CPU
+    if (rounding is not None and backend is not Backend.NUMPY
+            and RoundingMode(rounding) is not RoundingMode.NEAREST_EVEN):
+        raise UsageError(f"the {backend.value} backend rounds to nearest-even only",
+                         "use --backend numpy for other rounding modes")
     if backend is Backend.TORCH:
+        if spec.name not in TORCH_NAMES:
+            raise UsageError(f"torch has no eager cast to {spec.name}",
+                             "use --backend numpy or ml_dtypes")
         torch = torch_module()
         if device is Device.CUDA and not torch.cuda.is_available():
             raise UsageError("--device cuda: torch sees no CUDA device")
@@ -118,7 +130,10 @@ def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
 
 def cast(x: np.ndarray, spec: FormatSpec, backend: Backend | str = Backend.NUMPY,
          device: Device | str = Device.CPU) -> np.ndarray:
-    """The values the backend stores for x (nearest-even; overflow as the backend does)."""
+    """The values the backend stores for x (nearest-even; overflow as the backend does).
+
+    The raw cast, as ``check-backends`` reports it; ``cast_with_policy`` adds the clamp that
+    a saturating recipe applies first."""
     backend, device = resolve(backend, device, spec, x.size)
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
@@ -131,6 +146,28 @@ def cast(x: np.ndarray, spec: FormatSpec, backend: Backend | str = Backend.NUMPY
     torch = torch_module()
     t = torch.from_numpy(np.ascontiguousarray(x)).to(device.value)
     return t.to(torch_dtype(spec)).to(t.dtype).cpu().numpy()
+
+
+def cast_with_policy(x: np.ndarray, spec: FormatSpec, backend: Backend | str,
+                     device: Device | str, overflow: OverflowPolicy | str) -> np.ndarray:
+    """``cast`` under an overflow policy.  ``saturate``: |x| is clamped to max first, as real
+    recipes clamp before their cast (torchao's ``to_fp8_saturated``, Transformer Engine), so
+    no backend turns a value past max into NaN or inf (NaN input stays NaN; inf becomes
+    +-max).  ``ieee``: the backend's own behaviour, unchanged.  The numpy engine applies the
+    policy itself (``rounding.apply_range``)."""
+    backend = Backend(backend)
+    if backend is Backend.NUMPY:
+        x = working_input(x)
+        return round_to_format(x, spec, overflow=overflow)
+    if OverflowPolicy(overflow) is OverflowPolicy.SATURATE:
+        x = np.clip(working_input(x), -spec.max, spec.max)
+    return cast(x, spec, backend, device)
+
+
+def working_input(x) -> np.ndarray:
+    """x as float32 or float64 (other dtypes become float32), as ``cast`` takes it."""
+    x = np.asarray(x)
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
 
 
 def available_backends(spec: FormatSpec) -> list[tuple[Backend, Device]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends import Backend, Device, cast
+from .backends import Backend, Device, cast_with_policy
 from .formats import Specials
 from .metrics import ErrorAccumulator
 from .rounding import (
@@ -182,7 +182,8 @@ class ChunkKernel:
         flat = xs.reshape(-1)
         with np.errstate(invalid="ignore", over="ignore"):
             if self.backend is not Backend.NUMPY:  # the cast of ml_dtypes or torch itself
-                r = cast(flat, spec, self.backend, self.device)
+                # saturate: clamp to max first, as recipes do; ieee: the backend's own cast
+                r = cast_with_policy(flat, spec, self.backend, self.device, scheme.overflow)
                 # beyond max as the engine counts it: what nearest-even puts past max
                 past = np.flatnonzero(np.abs(flat) > spec.max)
                 ub = round_unbounded(flat[past], spec, RoundingMode.NEAREST_EVEN)

@@ -29,7 +29,6 @@ from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
 from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
-from .rounding import RoundingMode
 from .scaling import ScaleRule
 from .schemes import ScaleFormat, Scheme, for_tensor
 from .tensors import TensorSource
@@ -254,11 +253,8 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     ``parallel.shared_array``).
     """
     workers = default_workers() if workers is None else workers
-    casts = [resolve(backend, device, s.format, source.size) for s in schemes]
-    for scheme, (b, _) in zip(schemes, casts):
-        if b is not Backend.NUMPY and scheme.rounding is not RoundingMode.NEAREST_EVEN:
-            raise UsageError(f"the {b.value} backend rounds to nearest-even only",
-                             "use --backend numpy for other rounding modes")
+    # what a backend cannot do (formats, rounding modes) is refused before torch is imported
+    casts = [resolve(backend, device, s.format, source.size, s.rounding) for s in schemes]
     fast = [False] * len(schemes)  # which schemes the fused CUDA kernel runs
     auto = (Backend(backend) is Backend.AUTO and Device(device) is Device.AUTO
             and source.size >= AUTO_CUDA_ELEMENTS)

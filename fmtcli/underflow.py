@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends import Backend, Device, cast, resolve
+from .backends import Backend, Device, cast_with_policy, resolve
 from .errors import UsageError
 from .fates import FATES, Fate, classify, classify_scaled, relative_error
 from .formats import FormatSpec
@@ -92,8 +92,8 @@ def store(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode, overflow: Ove
         unbounded = round_unbounded(x, spec, rounding, rng)
         if backend is Backend.NUMPY:
             stored = apply_range(x, unbounded.copy(), spec, rounding, overflow)
-        else:
-            stored = cast(x, spec, backend, device).astype(np.float64)
+        else:  # saturate clamps before the backend's cast, as recipes do
+            stored = cast_with_policy(x, spec, backend, device, overflow).astype(np.float64)
     return stored, relative_error(x, stored), classify(x, unbounded, stored, spec)
 
 
@@ -121,10 +121,7 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:
         rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
-        chosen = resolve(backend, device, spec)
-        if chosen[0] is not Backend.NUMPY and RoundingMode(rounding) is not \
-                RoundingMode.NEAREST_EVEN:
-            raise UsageError(f"the {chosen[0].value} backend rounds to nearest-even only")
+        chosen = resolve(backend, device, spec, rounding=rounding)  # refused before torch loads
         stored, rel, fate = store(x, spec, rounding, overflow, rng, *chosen)
         plain = [Stored(float(s), float(r), FATES[f]) for s, r, f in zip(stored, rel, fate)]
         per_scale = []

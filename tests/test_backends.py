@@ -108,16 +108,21 @@ def test_quantize_backends_agree_with_the_engine_in_range(backend):
             (b.flushed, b.saturated, b.median_rel_error, b.max_abs_error)
 
 
-def test_quantize_torch_backend_shows_its_saturation_and_ml_dtypes_its_nan():
-    scheme = [build_scheme(per=Granularity.TENSOR, margin=-2)]  # scale x4: the outlier overflows
-    by = {b: quantize([example_tensor()], scheme, backend=b).tensors[0].schemes[0]
-          for b in ("numpy", "ml_dtypes", "torch")}
-    assert by["numpy"].saturated == 1 and by["numpy"].nan_produced == 0  # policy: saturate
-    assert by["ml_dtypes"].overflowed == 1 and by["ml_dtypes"].nan_produced == 1
+def test_quantize_backends_follow_the_overflow_policy():
+    """saturate: every backend clamps first (as recipes do); ieee: each shows its own cast."""
+    by = {}
+    for overflow in ("saturate", "ieee"):
+        scheme = [build_scheme(per=Granularity.TENSOR, margin=-2, overflow=overflow)]  # x4
+        by[overflow] = {b: quantize([example_tensor()], scheme, backend=b).tensors[0].schemes[0]
+                        for b in ("numpy", "ml_dtypes", "torch")}
+    for b in ("numpy", "ml_dtypes", "torch"):
+        assert by["saturate"][b].saturated == 1 and by["saturate"][b].nan_produced == 0
+    assert by["ieee"]["numpy"].overflowed == 1 and by["ieee"]["numpy"].nan_produced == 1
+    assert by["ieee"]["ml_dtypes"].overflowed == 1 and by["ieee"]["ml_dtypes"].nan_produced == 1
     if TORCH_SATURATES:  # eager FP8 casts saturate from torch 2.12 on
-        assert by["torch"].saturated == 1 and by["torch"].nan_produced == 0
+        assert by["ieee"]["torch"].saturated == 1 and by["ieee"]["torch"].nan_produced == 0
     else:
-        assert by["torch"].overflowed == 1 and by["torch"].nan_produced == 1
+        assert by["ieee"]["torch"].overflowed == 1 and by["ieee"]["torch"].nan_produced == 1
 
 
 def test_underflow_backend_option():

@@ -187,3 +187,95 @@ def test_stochastic_rounding_independent_of_chunks_and_workers(tmp_path):
             for c, w in ((1 << 18, 1), (96 * 4, 1), (96 * 3, 2))]
     for other in runs[1:]:
         np.testing.assert_array_equal(runs[0], other)
+
+
+# -- item 4: backends saturate when the scheme says so; refusals come before torch ------------
+
+def heavy(n=4096, seed=5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32) * np.float32(2.0) ** rng.integers(
+        -6, 6, n).astype(np.float32)
+    x[::97] = 500  # mx-floor leaves 500 past E4M3's 448 in its block
+    return x
+
+
+@pytest.mark.parametrize("backend", ["ml_dtypes", "torch"])
+def test_backend_saturates_like_the_engine(backend, tmp_path):
+    if backend == "torch":
+        pytest.importorskip("torch")
+    x = heavy()
+    runs = {}
+    for name in ("numpy", backend):
+        scheme = build_scheme(recipe="mxfp8", overflow="saturate")
+        out = str(tmp_path / f"{name}.npy")
+        result = quantize([source(x)], [scheme], backend=name, out=out, workers=1)
+        runs[name] = (result.tensors[0].schemes[0].to_dict(), np.load(out))
+    (ref, ref_q), (got, got_q) = runs["numpy"], runs[backend]
+    assert np.isfinite(got_q).all()
+    np.testing.assert_array_equal(got_q, ref_q)
+    assert got["saturated"] == ref["saturated"] > 0
+    assert got["nan_produced"] == got["overflowed"] == 0
+    assert got["rmse"] == pytest.approx(ref["rmse"], rel=1e-12)
+
+
+def test_backend_ieee_shows_the_backends_own_overflow():
+    x = np.array([500, 1], np.float32)
+    d = quantize([source(x)], [build_scheme(recipe="mxfp8", overflow="ieee")],
+                 backend="ml_dtypes", workers=1).tensors[0].schemes[0].to_dict()
+    assert d["nan_produced"] == 1 and d["overflowed"] == 1 and d["saturated"] == 0
+
+
+def test_underflow_backend_saturates():
+    from fmtcli.rounding import OverflowPolicy
+    from fmtcli.underflow import underflow_table
+
+    spec = get_format("float8_e4m3fn")
+    for overflow, expected in ((OverflowPolicy.SATURATE, 448.0), (OverflowPolicy.IEEE, None)):
+        row = underflow_table([500.0], [spec], overflow=overflow, backend="ml_dtypes").rows[0]
+        if expected is None:
+            assert np.isnan(row.plain.stored)
+        else:
+            assert row.plain.stored == expected
+
+
+def test_backend_refusals_come_before_importing_torch():
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        from fmtcli.backends import resolve
+        from fmtcli.errors import UsageError
+        from fmtcli.formats import get_format
+        from fmtcli.quantize import quantize
+        from fmtcli.schemes import build_scheme
+        from fmtcli.tensors import TensorSource
+        from fmtcli.underflow import underflow_table
+
+        x = np.ones(4, np.float32)
+        src = TensorSource("m", None, x.shape, "float32", lambda: x)
+        e4m3 = get_format("float8_e4m3fn")
+        attempts = [
+            lambda: resolve("torch", "cpu", get_format("float4_e2m1fn")),
+            lambda: resolve("torch", "cuda", get_format("float6_e3m2fn")),
+            lambda: resolve("torch", "cpu", e4m3, rounding="stochastic"),
+            lambda: quantize([src], [build_scheme(recipe="mxfp4")], backend="torch"),
+            lambda: quantize([src], [build_scheme(rounding="up")], backend="torch"),
+            lambda: underflow_table([1.0], [e4m3], rounding="down", backend="torch"),
+        ]
+        for attempt in attempts:
+            try:
+                attempt()
+            except UsageError as error:
+                print(error)
+            else:
+                raise SystemExit("not refused")
+        assert "torch" not in sys.modules, "torch was imported"
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 6
+    assert "needs torch" not in done.stdout
