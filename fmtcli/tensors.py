@@ -13,20 +13,23 @@ reported with a ``skipped`` reason instead of failing the run.
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import math
 import os
+import pickle
+import re
+import stat
 import struct
 import sys
-import zipfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
 
-from .errors import DataError, UsageError
+from . import npyfile, textparse
+from .errors import DataError, UsageError, shown
 
 SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth", ".txt", ".csv", ".json")
 FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2",
@@ -68,7 +71,7 @@ class TensorSource:
     def array(self) -> np.ndarray:
         """The data (a read-only memory map where the file allows it)."""
         if self.opener is None:
-            raise DataError(f"{self.name}: {self.skipped or 'no data'}")
+            raise DataError(f"{shown(self.name)}: {self.skipped or 'no data'}")
         return self.opener()
 
     def to_dict(self) -> dict:
@@ -99,133 +102,116 @@ def _from_array(source: str, key: str | None, arr_or_opener, shape, dtype) -> Te
 
 # -- formats -------------------------------------------------------------------------------
 
-def _load_npy(path: str) -> list[TensorSource]:
-    try:
-        with open(path, "rb") as handle:
-            magic = handle.read(6)
-    except OSError as error:
-        raise DataError(f"{path}: cannot read ({error.strerror or error})") from None
-    if magic != b"\x93NUMPY":
-        raise DataError(f"{path}: not a .npy file (it does not start with numpy's magic bytes)")
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
-        text = str(error)
-        if "pickle" in text or "object" in text.lower():
-            text = "it holds Python objects, which fmtcli never unpickles"
-        elif "larger than" in text or "length" in text:
-            text = "truncated: shorter than its header says"
-        raise DataError(f"{path}: not a readable .npy file ({text})") from None
-    except OSError as error:
-        raise DataError(f"{path}: cannot read ({error.strerror or error})") from None
-    return [_from_array(path, None, arr, arr.shape, arr.dtype)]
-
-
-def _npz_member_memmap(path: str, info: zipfile.ZipInfo) -> Callable[[], np.ndarray] | None:
-    """A memory map of an uncompressed .npz member, or None when it is compressed."""
-    if info.compress_type != zipfile.ZIP_STORED:
-        return None
-    with open(path, "rb") as handle:
-        handle.seek(info.header_offset)
-        local = handle.read(30)
-        if len(local) < 30 or local[:4] != b"PK\x03\x04":
-            raise DataError(f"{path}: corrupt .npz member {info.filename}")
-        name_len, extra_len = struct.unpack("<HH", local[26:30])
-        start = info.header_offset + 30 + name_len + extra_len
-        handle.seek(start)
-        version = np.lib.format.read_magic(handle)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-        offset = handle.tell()
-    if dtype.hasobject:
-        raise DataError(f"{path}: member {info.filename} holds Python objects (not loaded: "
-                        "fmtcli never unpickles)")
-    order = "F" if fortran else "C"
-    if offset + math.prod(shape) * dtype.itemsize > os.path.getsize(path):
-        raise DataError(f"{path}: member {info.filename} is truncated")
-    return shape, dtype, (lambda: np.memmap(path, dtype=dtype, mode="r", offset=offset,
-                                            shape=shape, order=order))
-
-
-def _load_npz(path: str) -> list[TensorSource]:
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as error:
-        raise DataError(f"{path}: not a readable .npz file ({error})") from None
+def _from_entries(path: str, entries: list[npyfile.Entry]) -> list[TensorSource]:
     sources = []
-    with archive:
-        for info in archive.infolist():
-            if not info.filename.endswith(".npy"):
-                continue
-            key = info.filename[:-4]
-            try:
-                mapped = _npz_member_memmap(path, info)
-            except ValueError as error:
-                raise DataError(f"{path}: corrupt member {key} ({error})") from None
-            if mapped is not None:
-                shape, dtype, opener = mapped
-            else:  # compressed: the member must be read whole
-                with archive.open(info) as member:
-                    try:
-                        arr = np.lib.format.read_array(io.BytesIO(member.read()),
-                                                       allow_pickle=False)
-                    except ValueError as error:
-                        raise DataError(f"{path}: cannot read member {key} ({error})") from None
-                shape, dtype, opener = arr.shape, arr.dtype, arr
-            sources.append(_from_array(path, key, opener, shape, dtype))
+    for entry in entries:
+        if entry.skipped:
+            sources.append(TensorSource(path, entry.key, entry.shape, str(entry.dtype), None,
+                                        entry.skipped))
+        else:
+            sources.append(_from_array(path, entry.key, entry.opener, entry.shape, entry.dtype))
     return sources
 
 
+def _load_npy(path: str) -> list[TensorSource]:
+    return _from_entries(path, npyfile.load_npy(path))
+
+
+def _load_npz(path: str) -> list[TensorSource]:
+    return _from_entries(path, npyfile.load_npz(path))
+
+
 def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and 0 <= value < 2 ** 63
+
+
+def _header_json(raw: bytes, where: str):
+    """The header's JSON: nesting bounded before parsing, duplicate names refused, integers
+    longer than 20 digits (beyond any offset) kept as floats so no check accepts them."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{where}: corrupt .safetensors header (not UTF-8 at byte "
+                        f"{8 + error.start})") from None
+    textparse.check_json_depth(text, f"{where}: corrupt .safetensors header:")
+
+    def unique(pairs):
+        obj = {}
+        for key, value in pairs:
+            if key in obj:
+                raise DataError(f"{where}: corrupt .safetensors header (the name {shown(key)} "
+                                "appears twice)")
+            obj[key] = value
+        return obj
+
+    try:
+        return json.loads(text, object_pairs_hook=unique,
+                          parse_int=lambda s: int(s) if len(s) <= 20 else float(s))
+    except json.JSONDecodeError as error:
+        raise DataError(f"{where}: corrupt .safetensors header ({error})") from None
 
 
 def read_safetensors_header(path: str) -> tuple[dict, int]:
     """The parsed JSON header of a .safetensors file and the offset where its data starts.
 
-    Checks the header length, the JSON, every dtype, shape and offset against the file size.
+    Checks the header length, the JSON (nesting, duplicate names), ``__metadata__`` (an
+    object of strings, as the format says), every dtype, shape and offset against the file
+    size, and that no two tensors share bytes.
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise DataError(f"{path}: truncated .safetensors header")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > min(_MAX_HEADER, size - 8):
-            raise DataError(f"{path}: corrupt .safetensors header (length {length} "
-                            f"in a file of {size} bytes)")
-        raw = handle.read(length)
+    where = shown(path)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{path}: corrupt .safetensors header ({error})") from None
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise DataError(f"{where}: truncated .safetensors header")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > min(_MAX_HEADER, size - 8):
+                raise DataError(f"{where}: corrupt .safetensors header (length {length} "
+                                f"in a file of {size} bytes)")
+            raw = handle.read(length)
+    except OSError as error:
+        raise DataError(f"{where}: cannot read ({error.strerror or error})") from None
+    header = _header_json(raw, where)
     if not isinstance(header, dict):
-        raise DataError(f"{path}: corrupt .safetensors header (not a JSON object)")
+        raise DataError(f"{where}: corrupt .safetensors header (not a JSON object)")
+    metadata = header.get("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise DataError(f"{where}: corrupt .safetensors header (__metadata__ must map "
+                        "names to strings)")
     data_start = 8 + length
+    spans = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         try:
             dtype_code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         except (KeyError, TypeError):
-            raise DataError(f"{path}: corrupt .safetensors entry '{name}'") from None
+            raise DataError(f"{where}: corrupt .safetensors entry {shown(name)}") from None
         if not (isinstance(dtype_code, str) and isinstance(shape, list)
-                and all(_is_count(d) for d in shape) and isinstance(offsets, list)
-                and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
-            raise DataError(f"{path}: corrupt .safetensors entry '{name}' (dtype must be a "
-                            "string, shape and data_offsets lists of non-negative integers)")
+                and len(shape) <= npyfile.MAX_DIMS and all(_is_count(d) for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2
+                and all(_is_count(o) for o in offsets)):
+            raise DataError(f"{where}: corrupt .safetensors entry {shown(name)} (dtype must "
+                            "be a string, shape (at most 64 dimensions) and data_offsets "
+                            "lists of non-negative integers)")
         begin, end = offsets
-        shape = tuple(shape)
+        if end < begin or data_start + end > size:
+            raise DataError(f"{where}: tensor {shown(name)} points outside the file "
+                            "(truncated or corrupt file)")
+        spans.append((begin, end, name))
         if dtype_code not in _SAFETENSORS_DTYPES:
-            entry["_skip"] = f"safetensors dtype {dtype_code} is not supported"
-            continue
-        itemsize = _SAFETENSORS_DTYPES[dtype_code].itemsize
-        if (begin < 0 or end < begin or data_start + end > size
-                or end - begin != math.prod(shape) * itemsize):
-            raise DataError(f"{path}: tensor '{name}' points outside the file or has the "
-                            "wrong size (truncated or corrupt file)")
+            entry["_skip"] = f"safetensors dtype {shown(dtype_code)} is not supported"
+        elif end - begin != (need := math.prod(shape)
+                             * _SAFETENSORS_DTYPES[dtype_code].itemsize):
+            raise DataError(f"{where}: tensor {shown(name)} has the wrong size (its shape "
+                            f"and dtype need {need:,} bytes, its offsets span "
+                            f"{end - begin:,}; corrupt file)")
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise DataError(f"{where}: tensors {shown(first)} and {shown(second)} overlap "
+                            "(corrupt file)")
     return header, data_start
 
 
@@ -235,12 +221,12 @@ def _load_safetensors(path: str) -> list[TensorSource]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        shape = tuple(int(s) for s in entry["shape"])
+        shape = tuple(entry["shape"])
         if "_skip" in entry:
             sources.append(TensorSource(path, name, shape, entry["dtype"], None, entry["_skip"]))
             continue
         dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-        offset = data_start + int(entry["data_offsets"][0])
+        offset = data_start + entry["data_offsets"][0]
 
         def opener(dtype=dtype, offset=offset, shape=shape):
             if math.prod(shape) == 0:
@@ -259,44 +245,88 @@ def _torch_to_numpy(tensor) -> np.ndarray | None:
                  "float8_e8m0fnu"):
         if hasattr(torch, name):
             mapping[getattr(torch, name)] = (torch.uint8, getattr(ml_dtypes, name))
-    tensor = tensor.detach().cpu()
-    if tensor.dtype in mapping:
-        carrier, target = mapping[tensor.dtype]
-        return tensor.contiguous().view(carrier).numpy().view(target)
-    try:
+    try:  # sparse, quantized, meta tensors and dtypes numpy lacks have no array
+        tensor = tensor.detach().cpu()
+        if tensor.dtype in mapping:
+            carrier, target = mapping[tensor.dtype]
+            return tensor.contiguous().view(carrier).numpy().view(target)
         return tensor.numpy()
-    except (TypeError, RuntimeError):
+    except (TypeError, RuntimeError, NotImplementedError):
         return None
 
 
-def _flatten_state(obj, prefix: str = "") -> Iterator[tuple[str, object]]:
+MAX_NESTING = 64
+
+
+def _flatten_state(obj, where: str, prefix: str = "", depth: int = 0
+                   ) -> Iterator[tuple[str, object]]:
+    """(dotted key, leaf) of nested dicts/lists/tuples, in order; bounded depth, so a
+    structure that contains itself is an error, not a RecursionError."""
+    if depth > MAX_NESTING:
+        raise DataError(f"{where}: nested more than {MAX_NESTING} levels deep (or contains "
+                        "itself)")
     if isinstance(obj, dict):
         for key, value in obj.items():
-            yield from _flatten_state(value, f"{prefix}{key}.")
+            yield from _flatten_state(value, where, f"{prefix}{key}.", depth + 1)
     elif isinstance(obj, (list, tuple)):
         for index, value in enumerate(obj):
-            yield from _flatten_state(value, f"{prefix}{index}.")
+            yield from _flatten_state(value, where, f"{prefix}{index}.", depth + 1)
     else:
         yield prefix[:-1], obj
 
 
+_UNSAFE_HINT = ("if you trust the file, load it yourself and save its tensors with "
+                "safetensors (safetensors.torch.save_file) or as a plain state dict "
+                "(torch.save(model.state_dict(), path))")
+
+
+def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
+    """One line saying why torch.load(weights_only=True) refused or failed."""
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        what = f", here {found.group(1)}" if found else ""
+        return DataError(f"{where}: refused: loading it needs arbitrary Python objects "
+                         f"unpickled{what}, which safe loading (torch.load with "
+                         "weights_only=True) does not do; nothing in the file was executed",
+                         _UNSAFE_HINT)
+    if head[:4] == b"PK\x03\x04":
+        reason = "a damaged or truncated torch zip archive"
+    elif head[:1] != b"\x80":
+        reason = "neither a torch zip archive nor a pickle"
+    else:
+        first = re.sub(r"\x1b\[[0-9;]*m|[^ -~]", "", text.strip().split("\n")[0])[:100]
+        reason = f"{type(error).__name__}{': ' + first if first else ''}"
+    return DataError(f"{where}: not a readable torch checkpoint ({reason})")
+
+
 def _load_torch(path: str) -> list[TensorSource]:
+    """Tensors of a .pt/.pth file (a state dict, nested dicts/lists, or one bare tensor),
+    loaded with ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and
+    plain containers; torch's own warnings are kept off stderr."""
+    where = shown(path)
     try:
         import torch
     except ImportError:
-        raise UsageError(f"{path}: reading .pt/.pth needs torch",
+        raise UsageError(f"{where}: reading .pt/.pth needs torch",
                          "pip install 'fmtcli[torch]'") from None
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError as error:
+        raise DataError(f"{where}: cannot read ({error.strerror or error})") from None
+    if not head:
+        raise DataError(f"{where}: empty file, not a torch checkpoint")
     try:  # memory-mapped where the file allows it (the zip format of torch >= 1.6)
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torch raises many types for corrupt or unsafe files
-            text = str(error).strip()
-            message = text.splitlines()[0] if text else type(error).__name__
-            raise DataError(f"{path}: cannot load as a torch state dict ({message})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True,
+                               mmap=head == b"PK\x03\x04")
+    except Exception as error:  # torch raises many types for corrupt or unsafe files
+        raise _torch_failure(where, head, error) from None
+    bare = isinstance(state, torch.Tensor)
     sources = []
-    for key, value in _flatten_state(state):
+    for key, value in [(None, state)] if bare else _flatten_state(state, where):
         if not isinstance(value, torch.Tensor):
             continue
         arr = _torch_to_numpy(value)
@@ -308,67 +338,21 @@ def _load_torch(path: str) -> list[TensorSource]:
     return sources
 
 
-def _json_constant(name: str) -> float:
-    return float(name.lower().replace("infinity", "inf"))
-
-
-def _holds_none(data) -> bool:
-    if data is None:
-        return True
-    if isinstance(data, list):
-        return any(_holds_none(item) for item in data)
-    return False
-
-
-def parse_text(text: str, source: str) -> np.ndarray:
-    """Numbers from text: a JSON (nested) array, or numbers split by commas/whitespace.
-
-    Lines with the same number (> 1) of fields give a 2-D array; otherwise 1-D.
-    """
-    stripped = text.strip()
-    if not stripped:
-        raise DataError(f"{source}: no numbers found")
-    if stripped[0] in "[{":
-        try:
-            data = json.loads(stripped, parse_constant=_json_constant)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{source}: invalid JSON ({error})") from None
-        if _holds_none(data):
-            raise DataError(f"{source}: JSON null is not a number",
-                            'write "nan" or NaN for a missing value')
-        try:
-            arr = np.asarray(data, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise DataError(f"{source}: JSON must be a (rectangular) array of numbers") from None
-        return arr
-    rows = []
-    for number, line in enumerate(stripped.splitlines(), 1):
-        fields = line.replace(",", " ").split()
-        if not fields or fields[0].startswith("#"):
-            continue
-        try:
-            rows.append([float(f) for f in fields])
-        except ValueError as error:
-            raise DataError(f"{source}: line {number}: {error}") from None
-    if not rows:
-        raise DataError(f"{source}: no numbers found")
-    widths = {len(r) for r in rows}
-    if len(widths) == 1 and len(rows) > 1 and rows and len(rows[0]) > 1:
-        return np.asarray(rows, dtype=np.float64)
-    return np.asarray([v for r in rows for v in r], dtype=np.float64)
-
-
 def _load_text(path: str) -> list[TensorSource]:
+    """Numbers from a text/CSV/JSON file or stdin (``-``), read by ``textparse``."""
     if path == "-":
-        text, source = sys.stdin.read(), "<stdin>"
+        source = "<stdin>"
+        if sys.stdin is None:
+            raise DataError("<stdin>: no standard input")
+        text = textparse.read_text(getattr(sys.stdin, "buffer", sys.stdin), source)
     else:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        except (OSError, UnicodeDecodeError) as error:
-            raise DataError(f"{path}: cannot read as text ({error})") from None
         source = path
-    arr = parse_text(text, source)
+        try:
+            with open(path, "rb") as handle:
+                text = textparse.read_text(handle, shown(path))
+        except OSError as error:
+            raise DataError(f"{shown(path)}: cannot read ({error.strerror or error})") from None
+    arr = textparse.parse_text(text, "<stdin>" if path == "-" else shown(path))
     return [_from_array(source, None, arr, arr.shape, arr.dtype)]
 
 
@@ -377,26 +361,44 @@ _LOADERS = {".npy": _load_npy, ".npz": _load_npz, ".safetensors": _load_safetens
             ".json": _load_text}
 
 
+_NOT_REGULAR = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"),
+                (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
 def load_path(path: str) -> list[TensorSource]:
-    """Every tensor of one path: a file of a known type, a directory, or ``-`` (stdin)."""
+    """Every tensor of one path: a file of a known type, a directory, or ``-`` (stdin).
+
+    Only regular files are read (a FIFO would block, ``/dev/zero`` never ends); symlinks are
+    followed to their target, but a directory's walk does not enter linked directories.
+    """
     if path == "-":
         return _load_text("-")
-    if os.path.isdir(path):
+    where = shown(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{where}: no such file") from None
+    except (OSError, ValueError) as error:  # ELOOP, EACCES, a NUL byte in the path
+        raise DataError(f"{where}: cannot read ({getattr(error, 'strerror', None) or error})"
+                        ) from None
+    if stat.S_ISDIR(info.st_mode):
         found = []
         for root, _, files in sorted(os.walk(path)):
             for name in sorted(files):
                 if os.path.splitext(name)[1].lower() in SUFFIXES:
                     found.extend(load_path(os.path.join(root, name)))
         if not found:
-            raise DataError(f"{path}: no tensor files in this directory "
+            raise DataError(f"{where}: no tensor files in this directory "
                             f"(looked for {', '.join(SUFFIXES)})")
         return found
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in _LOADERS:
-        raise DataError(f"{path}: unsupported file type '{suffix or '(none)'}'",
+        raise DataError(f"{where}: unsupported file type {shown(suffix or '(none)')}",
                         f"supported: {', '.join(SUFFIXES)}, or - for stdin")
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((text for test, text in _NOT_REGULAR if test(info.st_mode)), "special")
+        raise DataError(f"{where}: not a regular file ({kind})",
+                        "to read a stream, pipe it to - (stdin)")
     return _LOADERS[suffix](path)
 
 
@@ -410,10 +412,10 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
                    if s.key is not None
                    and (s.key == pattern or fnmatch.fnmatchcase(s.key, pattern))]
         if not matched:
-            keys = [s.key for s in sources if s.key is not None]
-            shown = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
-            raise DataError(f"no tensor matches --key '{pattern}'",
-                            f"available: {shown}" if keys else "these inputs have no keys")
+            keys = [shown(s.key) for s in sources if s.key is not None]
+            listing = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
+            raise DataError(f"no tensor matches --key {shown(pattern)}",
+                            f"available: {listing}" if keys else "these inputs have no keys")
         chosen.extend(s for s in matched if s not in chosen)
     return chosen
 
@@ -421,9 +423,12 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
 def load_inputs(paths: list[str], keys: list[str] | None = None) -> list[TensorSource]:
     """All tensors of all paths (in order), filtered by ``keys``; fails if none is usable."""
     sources = [s for path in paths for s in load_path(path)]
+    if not sources:
+        raise DataError(f"nothing to quantize ({', '.join(shown(p) for p in paths[:5])} "
+                        "hold no tensors)")
     sources = select_keys(sources, keys or [])
     if not any(s.skipped is None for s in sources):
-        reasons = "; ".join(f"{s.name}: {s.skipped}" for s in sources[:5])
+        reasons = "; ".join(f"{shown(s.name)}: {s.skipped}" for s in sources[:5])
         raise DataError(f"nothing to quantize ({reasons})")
     return sources
 

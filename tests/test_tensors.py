@@ -266,7 +266,7 @@ def test_text_csv_and_json_files(tmp_path):
 
 
 def test_numbers_from_stdin(tmp_path):
-    text = "100, 0.001 -0.002\n0.0005 3e-4\n7e-5\n"
+    text = "100, 0.001 -0.002 0.0005,3e-4\t7e-5\r\n"
     doc = quantize_json("-", input=text)
     (tensor,) = doc["tensors"]
     assert tensor["source"] == "<stdin>" and tensor["shape"] == [6]
@@ -442,9 +442,9 @@ def test_safetensors_header_with_wrong_types_is_an_error(tmp_path, entry):
 
 def test_unsupported_safetensors_dtype_is_skipped(tmp_path):
     f32 = np.ones((2, 8), np.float32)
-    path = write_safetensors(tmp_path / "m.safetensors", {"w": f32},
+    path = write_safetensors(tmp_path / "m.safetensors", {"w": f32, "c": np.ones(4, np.float32)},
                              entries={"c": {"dtype": "C64", "shape": [2],
-                                            "data_offsets": [0, 16]}})
+                                            "data_offsets": [64, 80]}})
     doc = quantize_json(path)
     by_key = {t["key"]: t for t in doc["tensors"]}
     assert "C64" in by_key["c"]["skipped"] and by_key["w"]["schemes"]
