@@ -1,4 +1,9 @@
-"""Rich tables for results.  Renderers format and lay out; they compute nothing new."""
+"""Rich tables for results.  Renderers format and lay out; they compute nothing new.
+
+Tables fit the console: a renderer offers its layouts, widest first, through ``Fit``, which
+prints the first that renders without cutting anything (no ``…``, no line wider than the
+console) and otherwise the last one as records (one ``header  value`` block per row).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,91 @@ import math
 from collections.abc import Sequence
 
 from rich import box
+from rich.cells import cell_len
+from rich.console import Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from .fates import Fate
 from .formats import FormatSpec
 from .underflow import Stored, UnderflowResult
+
+ELLIPSIS = "\u2026"  # what rich puts where it cuts a cell
+
+
+class Fit:
+    """The first of ``layouts`` that fits the console width uncut; else ``fallback`` (by
+    default the last layout) as records."""
+
+    def __init__(self, *layouts, fallback: Table | None = None) -> None:
+        self.layouts = layouts
+        self.fallback = fallback if fallback is not None else layouts[-1]
+
+    def __rich_console__(self, console, options):
+        for table in self.layouts:
+            unclamped = options.update_width(1 << 16)
+            if Measurement.get(console, unclamped, table).minimum > options.max_width:
+                continue  # rich would squeeze a column below its longest word
+            lines = console.render_lines(table, options, pad=False)
+            text = "".join(segment.text for line in lines for segment in line)
+            if ELLIPSIS not in text and all(
+                    sum(cell_len(s.text) for s in line) <= options.max_width for line in lines):
+                yield table
+                return
+        yield records(self.fallback)
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        return Measurement(min(20, options.max_width), options.max_width)
+
+
+def records(table: Table) -> Group:
+    """A table as one block per row: each nonempty cell under its column's header."""
+    headers = [" ".join(str(column.header).split()) for column in table.columns]
+    cells = [list(column.cells) for column in table.columns]
+    parts: list = [Text(str(table.title), style="bold")] if table.title else []
+    for i in range(table.row_count):
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim", overflow="fold")
+        grid.add_column(overflow="fold")
+        for header, column in zip(headers, cells):
+            if column[i] not in ("", None):
+                grid.add_row(header or " ", column[i])
+        parts += [Text(""), grid]
+    if table.caption:
+        parts += [Text(""), Text(str(table.caption), style="dim")]
+    return Group(*parts)
+
+
+class DottedName:
+    """A long name (a checkpoint key) that wraps only after its dots (or spaces): parts
+    longer than the width are folded."""
+
+    def __init__(self, name: str, style: str = "") -> None:
+        self.name = name
+        self.style = style
+        parts = name.replace(".", ".\n").replace(" ", " \n").split("\n")
+        self.parts = [p for p in parts if p]
+
+    def lines(self, width: int) -> list[str]:
+        out: list[str] = []
+        for part in self.parts:
+            while cell_len(part) > width:  # fold a part with no dot to break at
+                out.append(part[:width])
+                part = part[width:]
+            if out and cell_len(out[-1]) + cell_len(part) <= width and out[-1][-1] in ". ":
+                out[-1] += part
+            else:
+                out.append(part)
+        return out
+
+    def __rich_measure__(self, console, options) -> Measurement:
+        longest = max((cell_len(p) for p in self.parts), default=0)
+        return Measurement(min(longest, 16), cell_len(self.name))
+
+    def __rich_console__(self, console, options):
+        lines = [line.rstrip() for line in self.lines(max(1, options.max_width))]
+        yield Text("\n".join(lines), style=self.style)
 
 FATE_STYLE = {
     Fate.EXACT: "green", Fate.ROUNDED: "default", Fate.SUBNORMAL: "yellow",
@@ -54,6 +138,28 @@ def value_text(value: float | None, digits: int = 5) -> str:
     return f"{value:.{digits}g}"
 
 
+def input_text(value: float | None, float32: bool = False) -> str:
+    """A value the user gave (or an input), with every digit its float needs: the shortest
+    text that reads back as the same float64 (float32 with ``float32``), so 68.00000357
+    shows as 68.00000357, not as 68, and its rounding can be checked by eye."""
+    if value is None or not math.isfinite(value) or value == 0:
+        return value_text(value)
+    if float32:  # the inputs of check-backends are float32
+        import numpy as np
+
+        with np.errstate(over="ignore"):
+            single = np.float32(value)
+        text = np.format_float_positional(single, unique=True, trim="-") \
+            if 1e-4 <= abs(value) < 1e16 else \
+            np.format_float_scientific(single, unique=True, trim="-")
+    else:
+        text = repr(float(value))
+    mantissa, e, exponent = text.partition("e")
+    if e:  # 1e-08 -> 1e-8
+        text = f"{mantissa}e{int(exponent)}"
+    return text.removesuffix(".0")
+
+
 def percent_text(rel: float | None) -> str:
     """A relative error as a percentage with three significant digits."""
     if rel is None or math.isnan(rel):
@@ -76,34 +182,55 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "-"
 
 
-def render_range(specs: Sequence[FormatSpec]) -> Table:
-    """One row per format: layout, range, precision and special values."""
-    table = Table(title="Number formats", title_justify="left", box=box.SIMPLE_HEAD)
-    for header, justify in [("format", "left"), ("bits", "right"), ("E", "right"),
-                            ("M", "right"), ("bias", "right"), ("max", "right"),
-                            ("smallest normal", "right"), ("smallest subnormal", "right"),
-                            ("eps (spacing above 1)", "right"), ("digits", "right"),
-                            ("binades", "right"), ("inf", "center"), ("NaN", "center"),
-                            ("-0", "center")]:
-        table.add_column(header, justify=justify)
-    for spec in specs:
-        name = spec.name if not spec.aliases else f"{spec.name}\n[dim]{spec.aliases[0]}[/dim]"
-        table.add_row(
-            name, str(spec.bits), str(spec.exponent_bits), str(spec.mantissa_bits),
+_RANGE_COLUMNS = [("format", "left"), ("bits", "right"), ("E", "right"), ("M", "right"),
+                  ("bias", "right"), ("max", "right"), ("smallest normal", "right"),
+                  ("smallest subnormal", "right"), ("eps (spacing above 1)", "right"),
+                  ("digits", "right"), ("binades", "right"), ("inf", "center"),
+                  ("NaN", "center"), ("-0", "center")]
+
+
+def _range_cells(spec: FormatSpec) -> list[str]:
+    name = spec.name if not spec.aliases else f"{spec.name}\n[dim]{spec.aliases[0]}[/dim]"
+    return [name, str(spec.bits), str(spec.exponent_bits), str(spec.mantissa_bits),
             str(spec.bias), exact_text(spec.max), exact_text(spec.smallest_normal),
             exact_text(spec.smallest_subnormal), exact_text(spec.eps),
             f"{spec.decimal_digits:.1f}", f"{spec.dynamic_range_binades:.0f}",
-            _yes(spec.has_inf), _yes(spec.has_nan), _yes(spec.has_negative_zero))
+            _yes(spec.has_inf), _yes(spec.has_nan), _yes(spec.has_negative_zero)]
+
+
+def render_range(specs: Sequence[FormatSpec]) -> Fit:
+    """One row per format: layout, range, precision and special values.  Where the rows do
+    not fit: formats across, a few per table; then one block per format."""
+    table = Table(title="Number formats", title_justify="left", box=box.SIMPLE_HEAD)
+    for header, justify in _RANGE_COLUMNS:
+        table.add_column(header, justify=justify)
+    for spec in specs:
+        table.add_row(*_range_cells(spec))
         table.add_section()
-    return table
+
+    def across(group: Sequence[FormatSpec], title: str | None) -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_header=False)
+        t.add_column(style="dim")
+        for _ in group:
+            t.add_column(justify="right")
+        columns = [_range_cells(spec) for spec in group]
+        for i, (header, _) in enumerate(_RANGE_COLUMNS):
+            t.add_row(header, *[cells[i] for cells in columns], end_section=i == 0)
+        return t
+
+    layouts = [Group(*[across(specs[i:i + k], "Number formats" if i == 0 else None)
+                       for i in range(0, len(specs), k)])
+               for k in range(min(len(specs), 6), 1, -1)]
+    return Fit(table, *layouts, fallback=table)
 
 
 def _stored_cells(stored: Stored) -> list:
     return [value_text(stored.stored), percent_text(stored.rel_error), fate_text(stored.fate)]
 
 
-def render_underflow(result: UnderflowResult) -> Table:
-    """Rows per (value, format[, scale]); the scaled columns appear only with --scale."""
+def render_underflow(result: UnderflowResult) -> Fit:
+    """Rows per (value, format[, scale]); the scaled columns appear only with --scale (one
+    block per row where the rows do not fit)."""
     scaled = result.scaled
     title = "What each format stores"
     if scaled:
@@ -124,21 +251,22 @@ def render_underflow(result: UnderflowResult) -> Table:
         if first and previous is not None:
             table.add_section()
         previous = row.item
-        cells = [value_text(row.value, 6) if first else "", row.format, *_stored_cells(row.plain)]
+        cells = [input_text(row.value) if first else "", row.format, *_stored_cells(row.plain)]
         if scaled:
             store = row.scaled_store
-            cells += [value_text(row.scale, 6), value_text(row.scaled), value_text(store.stored),
+            cells += [input_text(row.scale), value_text(row.scaled), value_text(store.stored),
                       fate_text(store.fate), value_text(row.recovered),
                       percent_text(row.recovered_rel_error),
                       Text("yes", "green") if row.survives else Text("no", "bold red")]
         table.add_row(*cells)
-    return table
+    return Fit(table)
 
 
 # -- fmt quantize --------------------------------------------------------------------------
 
 def _count_pct(count: int, fraction: float | None) -> str:
-    if fraction is None:
+    """'164 (16%)'; a zero count needs no percentage."""
+    if fraction is None or count == 0:
         return f"{count:,}"
     return f"{count:,} ({percent_text(fraction)})"
 
@@ -152,7 +280,8 @@ def _scales_text(scales: dict) -> str:
     distinct = (f", {distinct:,} distinct" if distinct is not None else
                 f", >{more:,} distinct" if more is not None else "")  # None, None: not counted
     nan = f", {scales['nan']:,} NaN" if scales["nan"] else ""
-    return f"{span}\n{scales['count']:,} scales{distinct}{nan}"
+    count = scales["count"]
+    return f"{span}\n{count:,} scale{'' if count == 1 else 's'}{distinct}{nan}"
 
 
 _STAT_ROWS = [
@@ -175,61 +304,82 @@ _STAT_ROWS = [
 ]
 
 
-def _tensor_title(tensor: dict) -> str:
+def _tensor_title(tensor: dict) -> Text:
     name = tensor["source"] + (f" : {tensor['key']}" if tensor.get("key") else "")
     shape = "x".join(str(d) for d in tensor["shape"]) or "scalar"
-    return f"{name}  ({shape}, {tensor['dtype']})"
+    return Text(f"{name}  ({shape}, {tensor['dtype']})")  # a Text: no markup in user names
 
 
-def render_quantize(result) -> Table:
-    """One tensor: statistics down, schemes across.  Several: a row per tensor and scheme."""
-    resolution = f"quantiles to within +{result.tensors[0].schemes[0].rel_error_resolution:.2%}" \
-        if result.quantized and result.quantized[0].schemes else ""
-    caption = f"x_q = cast(x * scale) / scale; relative errors over nonzero inputs; {resolution}"
+_ROW_STATS = [  # the per-tensor table's columns: header, cell
+    ("flushed", lambda s: percent_text(s.flushed_fraction)),
+    ("median rel", lambda s: percent_text(s.median_rel_error)),
+    ("p99 rel", lambda s: percent_text(s.p99_rel_error)),
+    ("SQNR", _STAT_ROWS[7][1]),
+    ("max abs err", lambda s: value_text(s.max_abs_error, 3)),
+    ("saturated", lambda s: f"{s.saturated:,}"),
+]
+
+
+def render_quantize(result) -> Fit:
+    """One tensor: statistics down, schemes across (one block per scheme where that does not
+    fit).  Several: a row per tensor and scheme; on a narrow console each tensor's name on
+    a line of its own (wrapped after its dots) above its schemes' rows."""
+    first = next((t.schemes[0] for t in result.quantized if t.schemes), None)
+    caption = "x_q = cast(x * scale) / scale; relative errors over nonzero inputs"
+    if first is not None:  # skipped tensors (int64 position_ids) may come first
+        caption += f"; quantiles to within +{first.rel_error_resolution:.2%}"
     if len(result.quantized) == 1 and result.total is None:
-        tensor = result.quantized[0]
-        table = Table(title=_tensor_title(tensor.tensor), title_justify="left",
-                      caption=caption, caption_justify="left", box=box.SIMPLE_HEAD)
-        table.add_column("")
-        for stats in tensor.schemes:
-            table.add_column(stats.scheme["label"], justify="right")
-        for label, cell in _STAT_ROWS:
-            table.add_row(label, *[cell(s) for s in tensor.schemes])
-        _add_skipped_caption(table, result)
-        return table
-    table = Table(title="Quantization error per tensor", title_justify="left", caption=caption,
-                  caption_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("tensor", overflow="fold", min_width=14)
-    table.add_column("shape", no_wrap=True)
-    table.add_column("scheme", min_width=12)
-    for header in ("flushed", "median rel", "p99 rel", "SQNR", "max abs err", "saturated"):
-        table.add_column(header, justify="right", no_wrap=True)
-
-    def add(name: str, shape: str, stats) -> None:
-        for i, s in enumerate(stats):
-            table.add_row(name if i == 0 else "", shape if i == 0 else "", s.scheme["label"],
-                          percent_text(s.flushed_fraction), percent_text(s.median_rel_error),
-                          percent_text(s.p99_rel_error), _STAT_ROWS[7][1](s),
-                          value_text(s.max_abs_error, 3), f"{s.saturated:,}")
-        table.add_section()
-
-    for tensor in result.tensors:
-        t = tensor.tensor
-        name = t["key"] or t["source"]
-        shape = "x".join(str(d) for d in t["shape"])
-        if not tensor.skipped:
-            add(name, shape, tensor.schemes)
+        return _render_one_tensor(result.quantized[0], caption)
+    rows = [(Text(t.tensor["key"] or t.tensor["source"]),
+             "x".join(str(d) for d in t.tensor["shape"]) or "scalar", t.schemes)
+            for t in result.quantized]
     if result.total:
-        add("[bold]total[/bold]", f"{result.total[0].count:,} values", result.total)
-    _add_skipped_caption(table, result)
-    return table
+        rows.append((Text(f"total of {result.total[0].count:,} values", style="bold"), "",
+                     result.total))
+    title = "Quantization error per tensor"
+    wide = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+                 box=box.SIMPLE_HEAD)
+    wide.add_column("tensor")
+    wide.add_column("shape")
+    wide.add_column("scheme")
+    narrow = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                   padding=(0, 0, 0, 1), caption_justify="left",
+                   caption=caption + "; median, p99: relative error; max err: max abs error")
+    narrow.add_column("tensor / scheme")
+    for header, _ in _ROW_STATS:
+        wide.add_column(header, justify="right", no_wrap=True)
+        narrow.add_column(header.replace(" rel", "").replace(" abs err", " err"),
+                          justify="right", no_wrap=True)
+    blank = [""] * len(_ROW_STATS)
+    for name, shape, stats in rows:
+        for i, s in enumerate(stats):
+            cells = [cell(s) for _, cell in _ROW_STATS]
+            wide.add_row(DottedName(name.plain, str(name.style)) if i == 0 else "",
+                         shape if i == 0 else "", s.scheme["label"], *cells,
+                         end_section=i == len(stats) - 1)
+        narrow.add_row(Group(DottedName(name.plain, str(name.style)),
+                             *([Text(f"({shape})", style="dim")] if shape else [])), *blank)
+        for s in stats:
+            narrow.add_row(Text("  " + s.scheme["label"]), *[cell(s) for _, cell in _ROW_STATS])
+    return Fit(wide, narrow)
 
 
-def _add_skipped_caption(table: Table, result) -> None:
-    skipped = [t for t in result.tensors if t.skipped]
-    if skipped:
-        names = ", ".join(f"{t.tensor['key'] or t.tensor['source']} ({t.skipped})" for t in skipped)
-        table.caption = f"{table.caption}\nskipped: {names}"
+def _render_one_tensor(tensor, caption: str) -> Fit:
+    across = Table(title=_tensor_title(tensor.tensor), title_justify="left", caption=caption,
+                   caption_justify="left", box=box.SIMPLE_HEAD)
+    across.add_column("")
+    for stats in tensor.schemes:
+        across.add_column(stats.scheme["label"], justify="right")
+    for label, cell in _STAT_ROWS:
+        across.add_row(label, *[cell(s) for s in tensor.schemes])
+    down = Table(title=_tensor_title(tensor.tensor), title_justify="left", caption=caption,
+                 caption_justify="left", box=box.SIMPLE_HEAD)  # one block per scheme
+    down.add_column("scheme")
+    for label, _ in _STAT_ROWS:
+        down.add_column(label)
+    for stats in tensor.schemes:
+        down.add_row(stats.scheme["label"], *[cell(stats) for _, cell in _STAT_ROWS])
+    return Fit(across, fallback=down)
 
 
 # -- fmt scale-search ----------------------------------------------------------------------
@@ -380,7 +530,7 @@ def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
 
 # -- fmt check-backends --------------------------------------------------------------------
 
-def render_conformance(result) -> Table:
+def render_conformance(result) -> Fit:
     """One row per (format, backend): agreement, then each mismatch class with an example."""
     table = Table(title="Backends against fmtcli's engine (nearest-even, IEEE overflow)",
                   title_justify="left", box=box.SIMPLE_HEAD,
@@ -403,11 +553,12 @@ def render_conformance(result) -> Table:
             table.add_row(*head, "-", "", "", "")
         for i, m in enumerate(d["mismatches"]):
             e = m["examples"][0]
-            example = (f"{value_text(e['input'], 6)} -> {value_text(e['reference'], 6)} | "
-                       f"{value_text(e['backend'], 6)}")
+            example = (f"{input_text(e['input'], float32=True)} -> "
+                       f"{input_text(e['reference'], float32=True)} | "
+                       f"{input_text(e['backend'], float32=True)}")
             cells = head if i == 0 else ["", "", "", ""]
             style = "red" if m["kind"] == "value" else "dim"
             table.add_row(*cells, m["class"], Text(m["kind"], style=style), f"{m['count']:,}",
                           example)
         table.add_section()
-    return table
+    return Fit(table)
