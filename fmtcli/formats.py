@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .errors import UnknownFormatError, UsageError
+from .errors import UnknownFormatError, UsageError, shown
 
 
 class Specials(str, Enum):
@@ -306,16 +306,20 @@ def parse_custom(text: str) -> FormatSpec | None:
     match = _CUSTOM.match(text)
     if not match:
         return None
+    for group, what in (("e", "exponent bits must be 1..11"), ("m", "mantissa bits must be 0..52"),
+                        ("bias", "the bias is too large"), ("bias2", "the bias is too large")):
+        if match[group] is not None and len(match[group]) > 6:  # int() of 5,000 digits fails
+            raise UnknownFormatError(f"custom format {shown(text)}: {what}")
     e, m = int(match["e"]), int(match["m"])
     kind = match["kind"] or ""
     specials = {"": Specials.IEEE, "fn": Specials.FN, "fnuz": Specials.FNUZ,
                 "fnu": Specials.FN}[kind]
     if not 1 <= e <= 11:
-        raise UnknownFormatError(f"custom format '{text}': exponent bits must be 1..11")
+        raise UnknownFormatError(f"custom format {shown(text)}: exponent bits must be 1..11")
     if not 0 <= m <= 52:
-        raise UnknownFormatError(f"custom format '{text}': mantissa bits must be 0..52")
+        raise UnknownFormatError(f"custom format {shown(text)}: mantissa bits must be 0..52")
     if match["bias"] is not None and match["bias2"] is not None:
-        raise UnknownFormatError(f"custom format '{text}' gives the bias twice")
+        raise UnknownFormatError(f"custom format {shown(text)} gives the bias twice")
     bias_text = match["bias"] if match["bias"] is not None else match["bias2"]
     bias = default_bias(e, specials) if bias_text is None else int(bias_text)
     unsigned = kind == "fnu"
@@ -345,10 +349,11 @@ def resolve_format(name: str) -> tuple[FormatSpec, str | None]:
     spec = parse_custom(key)
     if spec is not None:
         return spec, None
-    close = difflib.get_close_matches(key, known_names(), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(key, known_names(), n=3, cutoff=0.6) \
+        if len(key) <= 64 else []
     hint = f"did you mean {', '.join(close)}?" if close else "'fmt range --all' lists them."
     raise UnknownFormatError(
-        f"unknown format '{name}'",
+        f"unknown format {shown(name)}",
         f"{hint} Custom formats are written like e5m10, e4m3fnuz, e4m3_b11")
 
 

@@ -3,7 +3,10 @@
 Accepted: decimal (``1e-8``, ``-0.001``), powers (``2**-24``, ``2^-24``, ``-2**10``),
 products with a power (``3*2^-10``, ``1.5 * 2**7``), hex floats (``0x1p-24``),
 ``inf``, ``-inf``, ``nan``.  Decimals and powers are evaluated as exact fractions and
-rounded once to float64 (no detour through float32).
+rounded once to float64 (no detour through float32).  Digits may be any Unicode decimal
+digits (as Python's ``float`` reads them) and ``_`` may group them (``1_000``).  A literal
+longer than MAX_LITERAL characters is refused (exact arithmetic on thousands of digits is
+slow, and Python refuses int strings of more than 4,300 digits).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 import re
 from fractions import Fraction
 
-from .errors import BadValueError
+from .errors import BadValueError, shown
 
 _POWER = re.compile(r"^(?P<base>[0-9.eE+-]+)\s*(?:\*\*|\^)\s*(?P<exp>[+-]?\d+)$")
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE](?P<exp>[+-]?\d+))?$")
@@ -22,12 +25,13 @@ _SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": ma
             "+infinity": math.inf, "-infinity": -math.inf, "nan": math.nan, "+nan": math.nan,
             "-nan": -math.nan}
 _MAX_EXPONENT = 4096  # beyond this every power is outside float64 anyway
+MAX_LITERAL = 4000  # characters: an exact float64 decimal needs up to ~1,100; Python ints 4,300
 _HINT = "write e.g. 1e-8, 2**-24, 2^-24, 3*2^-10, 0x1p-24, inf or nan"
 
 
 def _bounded_exponent(exponent: int, whole: str) -> int:
     if abs(exponent) > _MAX_EXPONENT:
-        raise BadValueError(f"'{whole}' is outside float64's range")
+        raise BadValueError(f"{shown(whole)} is outside float64's range")
     return exponent
 
 
@@ -42,7 +46,7 @@ def _hex(match: re.Match, whole: str) -> Fraction:
     """A hex float, exactly: hex digits times a power of two (no float detour)."""
     digits, frac = match["int"] or "", match["frac"] or ""
     if not digits and not frac:
-        raise BadValueError(f"cannot read '{whole}' as a number", _HINT)
+        raise BadValueError(f"cannot read {shown(whole)} as a number", _HINT)
     exponent = _bounded_exponent(int(match["exp"] or 0), whole) - 4 * len(frac)
     value = Fraction(int(digits + frac, 16)) * Fraction(2) ** exponent
     return -value if match["sign"] == "-" else value
@@ -63,9 +67,9 @@ def _exact(text: str, whole: str) -> Fraction:
         negative = power["base"].startswith("-")
         value = abs(base) ** exponent if base != 0 or exponent >= 0 else None
         if value is None:
-            raise BadValueError(f"'{whole}' divides by zero")
+            raise BadValueError(f"{shown(whole)} divides by zero")
         return -value if negative else value  # -2**10 means -(2**10), as in Python
-    raise BadValueError(f"cannot read '{whole}' as a number", _HINT)
+    raise BadValueError(f"cannot read {shown(whole)} as a number", _HINT)
 
 
 def parse_value(text: str) -> float:
@@ -74,12 +78,15 @@ def parse_value(text: str) -> float:
     Raises BadValueError for text that is not a number, and for a nonzero value that
     float64 cannot hold (it would silently become 0 or inf).
     """
+    if len(text) > MAX_LITERAL:
+        raise BadValueError(f"{shown(text)} is too long to be a number (at most "
+                            f"{MAX_LITERAL:,} characters)")
     cleaned = re.sub(r"(?<=[0-9a-fA-F])_(?=[0-9a-fA-F])", "", text.strip())
     if cleaned.lower() in _SPECIAL:
         return _SPECIAL[cleaned.lower()]
     factors = re.split(r"(?<!\*)\*(?!\*)", cleaned)
     if not cleaned or any(not f.strip() for f in factors):
-        raise BadValueError(f"cannot read '{text}' as a number", _HINT)
+        raise BadValueError(f"cannot read {shown(text)} as a number", _HINT)
     exact = Fraction(1)
     negative = False
     for factor in factors:
@@ -91,17 +98,19 @@ def parse_value(text: str) -> float:
     except OverflowError:
         value = math.inf
     if exact != 0 and (value == 0 or math.isinf(value)):
-        raise BadValueError(f"'{text}' is outside float64's range")
+        raise BadValueError(f"{shown(text)} is outside float64's range")
     if exact == 0:
         return -0.0 if negative else 0.0
     return value
 
 
 def parse_values(items: list[str]) -> list[float]:
-    """Parse several literals; each item may itself be a comma-separated list."""
+    """Parse several literals; each item may itself be a comma-separated list.  An empty
+    item or list entry (``''``, ``'1,,2'``, ``'1,'``) is an error, not skipped."""
     values = []
     for item in items:
         for part in item.split(","):
-            if part.strip():
-                values.append(parse_value(part))
+            if not part.strip():
+                raise BadValueError(f"empty value in {shown(item)}", _HINT)
+            values.append(parse_value(part))
     return values

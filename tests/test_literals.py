@@ -137,8 +137,14 @@ def test_parse_values_comma_lists_in_order():
     assert parse_values(["1e-8,2**-24", "3", " -1 , 0x1p-1 "]) == [1e-8, 2.0 ** -24, 3.0, -1.0, 0.5]
 
 
-def test_parse_values_skips_empty_parts():
-    assert parse_values(["1,,2,", " , "]) == [1.0, 2.0]
+@pytest.mark.parametrize("items", [["1,,2"], ["1,"], [" , "], [""], ["1", ""]])
+def test_parse_values_refuses_empty_parts(items):
+    # an empty entry is a mistake (a stray comma, an empty variable), not something to skip
+    with pytest.raises(BadValueError, match="empty value"):
+        parse_values(items)
+
+
+def test_parse_values_of_nothing_is_nothing():
     assert parse_values([]) == []
 
 
