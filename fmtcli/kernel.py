@@ -211,6 +211,9 @@ class ChunkKernel:
             if dead is not None:
                 x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
         x_q = x_q.reshape(xp.shape)
+        if padding and not spec.has_zero:  # padding is 0, which such formats make NaN
+            x_q[rows:, :] = 0
+            x_q[:, cols:] = 0
         kept = None
         if keep == "codes":
             kept = r.reshape(xp.shape)[:rows, :cols].copy()

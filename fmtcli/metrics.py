@@ -12,9 +12,13 @@ Populations:
 - ``count`` every element; ``nonzero`` the finite nonzero inputs, over which relative errors,
   ``flushed`` and the quantiles are taken.  A result that is inf or NaN for such an input
   counts as an infinite relative error (it ranks last).
-- ``rmse``, ``bias`` (mean signed error x_q - x), ``max_abs_error`` and ``sqnr_db`` cover
-  the elements whose input and result are both finite; ``nan_produced`` and ``overflowed``
-  count the others.
+- ``rmse``/``mse``, ``bias`` (mean signed error x_q - x), ``max_abs_error`` and ``sqnr_db``
+  cover the elements whose input is finite.  A result that is inf or NaN for a finite input
+  (``unbounded``: overflow under ``--overflow ieee``, a backend's NaN) is an unbounded error:
+  when there is one, ``rmse`` = ``mse`` = ``max_abs_error`` = inf, ``sqnr_db`` = -inf and
+  ``bias`` = NaN (undefined: the mean of errors that include inf or NaN).  So a policy
+  that makes NaN never reports a better error than one that saturates.  inf/NaN inputs are
+  left out of these figures (``nonfinite_inputs`` counts them).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class ErrorAccumulator:
     saturated: int = 0
     overflowed: int = 0
     nan_produced: int = 0
+    unbounded: int = 0  # finite inputs whose result is inf or NaN
     finite_pairs: int = 0
     sum_err: float = 0.0
     sum_err2: float = 0.0
@@ -103,6 +108,7 @@ class ErrorAccumulator:
             self.nonzero += x.size - padding - zeros - nonfinite_in
             self.flushed += int(np.count_nonzero((x_q == 0) & (x != 0) & finite_in))
             self.nan_produced += int(np.count_nonzero(np.isnan(x_q) & ~np.isnan(x)))
+            self.unbounded += int(np.count_nonzero(finite_in & ~np.isfinite(x_q)))
             keep = np.isfinite(err)
             finite_err, finite_x = err[keep], x[keep]
             self.finite_pairs += finite_err.size - padding
@@ -135,8 +141,9 @@ class ErrorAccumulator:
             self.zeros += zeros
             self.nonzero += x.size - padding - zeros
 
-    SUMMED = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
-              "overflowed", "nan_produced", "finite_pairs", "sum_err", "sum_err2", "sum_x2")
+    COUNTS = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
+              "overflowed", "nan_produced", "unbounded", "finite_pairs")
+    SUMMED = COUNTS + ("sum_err", "sum_err2", "sum_x2")
     PACKED = SUMMED + ("max_abs_err",)
 
     def pack(self, out: np.ndarray) -> None:
@@ -149,7 +156,7 @@ class ErrorAccumulator:
         """The scalars of ``pack``, with an empty histogram."""
         acc = cls(hist=None)
         for name, value in zip(cls.PACKED, row.tolist()):
-            setattr(acc, name, int(value) if name in cls.SUMMED[:9] else value)
+            setattr(acc, name, int(value) if name in cls.COUNTS else value)
         return acc
 
     def merge(self, other: ErrorAccumulator, hist: bool = True) -> None:

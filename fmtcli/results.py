@@ -97,21 +97,28 @@ class SchemeStats:
 
     @classmethod
     def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary) -> SchemeStats:
+        """The statistics of an accumulator.  An inf/NaN result of a finite input is an
+        unbounded error (``metrics``): then mse/rmse/max_abs_error are inf, sqnr_db -inf and
+        bias NaN, rather than figures over the finite results that would look better."""
         pairs = acc.finite_pairs
         mse = acc.sum_err2 / pairs if pairs else math.nan
         if acc.sum_err2 == 0:
             sqnr = math.inf if acc.sum_x2 > 0 else math.nan
         else:
             sqnr = 10 * math.log10(acc.sum_x2 / acc.sum_err2) if acc.sum_x2 > 0 else -math.inf
+        max_abs = acc.max_abs_err if pairs else math.nan
+        bias = acc.sum_err / pairs if pairs else math.nan
+        if acc.unbounded:
+            mse = max_abs = math.inf
+            sqnr, bias = -math.inf, math.nan
         return cls(
             scheme=scheme.to_dict(), count=acc.count, nonzero=acc.nonzero, zeros=acc.zeros,
             nonfinite_inputs=acc.nonfinite_inputs, flushed=acc.flushed,
             flushed_fraction=acc.flushed / acc.nonzero if acc.nonzero else 0.0,
             saturated=acc.saturated, overflowed=acc.overflowed, nan_produced=acc.nan_produced,
             median_rel_error=acc.quantile(0.5), p99_rel_error=acc.quantile(0.99),
-            max_abs_error=acc.max_abs_err if pairs else math.nan,
-            rmse=math.sqrt(mse) if pairs else math.nan, mse=mse, sqnr_db=sqnr,
-            bias=acc.sum_err / pairs if pairs else math.nan, scales=scales.to_dict())
+            max_abs_error=max_abs, rmse=math.sqrt(mse), mse=mse, sqnr_db=sqnr, bias=bias,
+            scales=scales.to_dict())
 
     @property
     def saturated_fraction(self) -> float:

@@ -316,16 +316,21 @@ def ref_stats(x, xq) -> dict:
 
     sum_err2 = float(np.sum(err ** 2))
     sum_x2 = float(np.sum(x[pairs] ** 2))
+    # a finite input whose result is inf or NaN: an unbounded error (metrics' docstring)
+    unbounded = bool(np.any(finite_in & ~np.isfinite(xq)))
     return {
         "count": x.size,
         "nonzero": int(nonzero.sum()),
         "nonfinite_inputs": int((~finite_in).sum()),
         "flushed": int(np.count_nonzero(nonzero & (xq == 0))),
         "nan_produced": int(np.count_nonzero(np.isnan(xq) & ~np.isnan(x))),
-        "max_abs_error": float(np.abs(err).max()) if err.size else math.nan,
-        "rmse": math.sqrt(sum_err2 / err.size) if err.size else math.nan,
-        "bias": float(err.mean()) if err.size else math.nan,
-        "sqnr_db": (10 * math.log10(sum_x2 / sum_err2)) if sum_err2 > 0 and sum_x2 > 0
+        "max_abs_error": math.inf if unbounded else
+        float(np.abs(err).max()) if err.size else math.nan,
+        "rmse": math.inf if unbounded else
+        math.sqrt(sum_err2 / err.size) if err.size else math.nan,
+        "bias": math.nan if unbounded else float(err.mean()) if err.size else math.nan,
+        "sqnr_db": -math.inf if unbounded else
+        (10 * math.log10(sum_x2 / sum_err2)) if sum_err2 > 0 and sum_x2 > 0
         else (math.inf if sum_x2 > 0 else math.nan),
         "median_rel_error": quantile(0.5),
         "p99_rel_error": quantile(0.99),

@@ -279,3 +279,51 @@ def test_backend_refusals_come_before_importing_torch():
     lines = done.stdout.splitlines()
     assert len(lines) == 6
     assert "needs torch" not in done.stdout
+
+
+# -- item 4b: inf/NaN results of finite inputs are unbounded errors ---------------------------
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "tensorwise"])
+def test_ieee_never_reports_a_better_error_than_saturate(recipe):
+    x = heavy()
+    kwargs = dict(margin=-3) if recipe == "tensorwise" else {}
+    d = {p: stats(x, recipe=recipe, overflow=p, **kwargs) for p in ("saturate", "ieee")}
+    assert d["ieee"]["nan_produced"] > 0 and d["saturate"]["nan_produced"] == 0
+    assert d["ieee"]["sqnr_db"] == -np.inf < d["saturate"]["sqnr_db"]
+    assert d["ieee"]["rmse"] == d["ieee"]["mse"] == d["ieee"]["max_abs_error"] == np.inf
+    assert np.isnan(d["ieee"]["bias"])
+    assert np.isfinite(d["saturate"]["rmse"]) and np.isfinite(d["saturate"]["bias"])
+
+
+def test_unbounded_errors_in_the_total_and_json():
+    import json
+
+    from fmtcli.jsonsafe import dumps  # the JSON writer of --json
+
+    x = np.array([500.0, 1.0], np.float32)
+    y = np.array([1.0, 2.0], np.float32)
+    scheme = build_scheme(recipe="mxfp8", overflow="ieee")
+    result = quantize([source(x, name="a"), source(y, name="b")], [scheme], workers=1)
+    total = result.total[0].to_dict()
+    assert total["rmse"] == np.inf and total["sqnr_db"] == -np.inf
+    assert result.tensors[1].schemes[0].rmse < np.inf  # the clean tensor keeps its figures
+    doc = json.loads(dumps(result.to_dict()))
+    assert doc["total"][0]["rmse"] == "inf" and doc["total"][0]["sqnr_db"] == "-inf"
+
+
+def test_inf_inputs_are_not_unbounded_errors():
+    # amax rule: the inf block's scale is 0 and inf * 0 is NaN; a finite value sharing
+    # that block would come out 0 / 0 = NaN too, which is an unbounded error
+    x = np.array([np.inf, 1.0, 3.0, 5.0], np.float32)
+    d = stats(x, block=1, overflow="ieee")
+    assert d["nonfinite_inputs"] == 1 and d["nan_produced"] == 1
+    assert d["rmse"] == 0 and d["sqnr_db"] == np.inf  # the finite inputs are exact
+    d = stats(x, block=2, overflow="ieee")
+    assert d["nan_produced"] == 2 and d["rmse"] == np.inf
+
+
+def test_formats_without_zero_do_not_count_the_padding():
+    x = np.array([1.0, 2.0, 4.0, 8.0], np.float32)  # blocks of 3: two padded elements
+    d = stats(x, format=get_format("float8_e8m0fnu"), block=3, overflow="saturate")
+    assert d["nan_produced"] == 0 and d["count"] == 4
+    assert np.isfinite(d["rmse"])
