@@ -3,7 +3,15 @@
 Loss scaling multiplies the loss, hence every gradient, by S before the backward pass and
 divides by S before the update (Micikevicius et al., 2018, §3.2): ``g_q = cast(g * S) / S``.
 For each S this counts, over the nonzero finite gradients, how many flush to zero, land in
-the format's subnormal range, or overflow (inf/NaN).
+the format's subnormal range, overflow (inf/NaN) or, where the cast has no inf/NaN to give
+(FP6/FP4, saturating backends), saturate: clipped to max.  A tensor with no nonzero finite
+value has nothing to sweep: the result says so and recommends nothing.
+
+The recommended scale (``best_safe``, RULE below): among the scales where nothing overflows
+or saturates and whose double does not either (one binade of headroom: the next step's
+gradients may be larger), the one that flushes the fewest gradients, then leaves the fewest
+subnormal; ties: the smallest scale.  Without such a scale, the same order over every safe
+scale.  GradScaler instead settles at the largest safe scale, at the edge.
 
 The counts are exact: the thresholds where the format's rounding changes a value's fate
 (smallest value that survives, smallest that rounds to a normal, smallest that overflows)
@@ -26,9 +34,13 @@ from .formats import FormatSpec
 from .parallel import default_workers, run_tasks, shared_array
 from .quantize import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 from .rounding import OverflowPolicy, RoundingMode, round_to_format
+from .scalesearch import skipped_of
 from .tensors import TensorSource
 
 EXPONENTS = tuple(range(0, 33))
+RULE = "no overflow or saturation at S and 2S; then fewest flushed, fewest subnormal, smallest S"
+RULE_NO_HEADROOM = ("no overflow or saturation at S (none has it at 2S too); then fewest "
+                    "flushed, fewest subnormal, smallest S")
 GRAD_SCALER = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
                "growth_interval": 2000}
 LOG2_LOW, LOG2_HIGH = -1075, 1024  # histogram range of floor(log2 |g|): all of float64
@@ -47,6 +59,15 @@ def _first_true(predicate, low: float, high: float) -> float:
     return float(np.uint64(hi).view(np.float64))
 
 
+def _past_max(spec: FormatSpec) -> float:
+    """Smallest value that nearest-even rounding takes past max (where a cast without
+    inf/NaN clips it): max + ulp/2, the tie itself when max's last mantissa bit is odd (the
+    tie rounds up to the even value beyond), else just above it (E4M3's 448 is even)."""
+    ulp = 2.0 ** (math.frexp(spec.max)[1] - 1 - spec.mantissa_bits)
+    tie = spec.max + ulp / 2
+    return tie if int(spec.max / ulp) % 2 else float(np.nextafter(tie, math.inf))
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """Where the format's nearest-even rounding changes a positive value's fate: float64
@@ -55,6 +76,7 @@ class Thresholds:
     kept: float  # smallest value that does not flush to zero
     normal: float  # smallest value that rounds to a normal value
     overflow: float  # smallest value that becomes inf/NaN (math.inf if nothing does)
+    saturate: float = math.inf  # smallest value clipped to max, where the cast never overflows
 
     @classmethod
     def of(cls, spec: FormatSpec, overflow: OverflowPolicy = OverflowPolicy.IEEE,
@@ -69,10 +91,9 @@ class Thresholds:
         top = float(np.finfo(np.float64).max)
         kept = _first_true(lambda v: rounds(v) != 0, 0.0, top)
         normal = _first_true(lambda v: rounds(v) >= spec.smallest_normal, tiny, top)
-        if math.isfinite(rounds(top)):
-            over = math.inf
-        else:
-            over = _first_true(lambda v: not math.isfinite(rounds(v)), tiny, top)
+        if math.isfinite(rounds(top)):  # no inf/NaN: beyond max the cast clips
+            return cls(kept, normal, math.inf, _past_max(spec))
+        over = _first_true(lambda v: not math.isfinite(rounds(v)), tiny, top)
         return cls(kept, normal, over)
 
 
@@ -83,19 +104,29 @@ class ScaleRow:
     subnormal: int
     overflow: int
     nonzero: int
+    saturated: int = 0
 
     @property
     def scale(self) -> float:
         return 2.0 ** self.exponent
 
+    @property
+    def kept(self) -> int:
+        """Neither flushed nor overflowed nor saturated (subnormal ones are kept)."""
+        return self.nonzero - self.flushed - self.overflow - self.saturated
+
+    @property
+    def safe(self) -> bool:
+        return self.overflow == 0 and self.saturated == 0
+
     def to_dict(self) -> dict:
+        """Counts with their fraction of the nonzero finite gradients."""
         n = max(self.nonzero, 1)
-        kept = self.nonzero - self.flushed - self.overflow
-        return {"scale": self.scale, "log2_scale": self.exponent,
-                "flushed": self.flushed, "flushed_fraction": self.flushed / n,
-                "subnormal": self.subnormal, "subnormal_fraction": self.subnormal / n,
-                "overflow": self.overflow, "overflow_fraction": self.overflow / n,
-                "kept_fraction": kept / n}
+        out = {"scale": self.scale, "log2_scale": self.exponent}
+        for key in ("flushed", "subnormal", "overflow", "saturated", "kept"):
+            out[key] = getattr(self, key)
+            out[f"{key}_fraction"] = getattr(self, key) / n
+        return out
 
 
 @dataclass(frozen=True)
@@ -107,23 +138,44 @@ class LossScaleResult:
     rows: tuple[ScaleRow, ...]
     log2_histogram: dict  # floor(log2|g|) -> count, nonzero finite gradients
     tensors: tuple[dict, ...]
+    skipped: tuple[dict, ...] = ()
 
     @property
     def safe(self) -> list[ScaleRow]:
-        return [r for r in self.rows if r.overflow == 0]
+        """Scales where nothing overflows (a single overflow makes a mixed-precision step be
+        skipped) or saturates."""
+        return [r for r in self.rows if r.safe]
 
     @property
-    def most_kept(self) -> ScaleRow:
-        """The scale that keeps the most gradients (fewest flushed or overflowed); the
-        smallest such scale on ties (most headroom)."""
-        return min(self.rows, key=lambda r: (r.flushed + r.overflow, r.exponent))
+    def notes(self) -> list[str]:
+        if self.nonzero:
+            return []
+        return ["nothing to sweep: no nonzero finite gradient (only zeros, NaN or inf), so no "
+                "scale is recommended"]
+
+    @property
+    def most_kept(self) -> ScaleRow | None:
+        """The scale that keeps the most gradients (fewest flushed, overflowed or saturated);
+        the smallest such scale on ties (most headroom)."""
+        if not self.nonzero:
+            return None
+        return min(self.rows, key=lambda r: (r.nonzero - r.kept, r.exponent))
+
+    def _best_safe(self) -> tuple[ScaleRow | None, str]:
+        safe = self.safe
+        by_exponent = {r.exponent: r for r in self.rows}
+        roomy = [r for r in safe if r.exponent + 1 not in by_exponent
+                 or by_exponent[r.exponent + 1].safe]
+        rule = RULE if roomy else RULE_NO_HEADROOM
+        pool = roomy or safe
+        if not self.nonzero or not pool:
+            return None, rule
+        return min(pool, key=lambda r: (r.flushed, r.subnormal, r.exponent)), rule
 
     @property
     def best_safe(self) -> ScaleRow | None:
-        """The scale without overflow that keeps the most gradients (a single overflow makes
-        a mixed-precision step be skipped)."""
-        safe = self.safe
-        return min(safe, key=lambda r: (r.flushed, r.exponent)) if safe else None
+        """The recommended scale, by ``RULE`` (None with nothing to sweep or nothing safe)."""
+        return self._best_safe()[0]
 
     def grad_scaler(self) -> dict:
         """Where torch.amp.GradScaler's defaults settle for this tensor seen every step:
@@ -156,19 +208,23 @@ class LossScaleResult:
 
     def to_dict(self) -> dict:
         safe = self.safe
-        best_safe = self.best_safe
+        best_safe, rule = self._best_safe()
+        most_kept = self.most_kept
+        t = self.thresholds
         return {
             "format": self.format, "count": self.count, "nonzero": self.nonzero,
-            "thresholds": {"kept": self.thresholds.kept, "normal": self.thresholds.normal,
-                           "overflow": self.thresholds.overflow},
+            "thresholds": {"kept": t.kept, "normal": t.normal, "overflow": t.overflow,
+                           "saturate": t.saturate},
             "scales": [r.to_dict() for r in self.rows],
             "safe_range": {"min": safe[0].scale, "max": safe[-1].scale} if safe else None,
-            "most_kept": self.most_kept.to_dict(),
-            "best_safe": None if best_safe is None else best_safe.to_dict(),
+            "most_kept": None if most_kept is None else most_kept.to_dict(),
+            "best_safe": None if best_safe is None else {**best_safe.to_dict(), "rule": rule},
             "grad_scaler": self.grad_scaler(),
             "log2_histogram": [{"log2": k, "count": v}
                                for k, v in sorted(self.log2_histogram.items())],
             "tensors": list(self.tensors),
+            "skipped": list(self.skipped),
+            "notes": self.notes,
         }
 
 
@@ -176,8 +232,9 @@ def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
                       exponents=EXPONENTS, chunk_elements: int = CHUNK_ELEMENTS,
                       workers: int | None = None, backend: Backend | str = Backend.NUMPY,
                       device: Device | str = Device.CPU) -> LossScaleResult:
-    """Counts of flushed / subnormal / overflowing nonzero gradients for every 2**e (the
-    thresholds from ``backend``'s cast: torch's saturating FP8 casts never overflow)."""
+    """Counts of flushed / subnormal / overflowing (or saturating) nonzero gradients for every
+    2**e (the thresholds from ``backend``'s cast: torch's saturating FP8 casts clip instead
+    of overflowing, and are counted as saturated)."""
     if not spec.has_zero:
         raise UsageError(f"{spec.name} has no zero: loss scaling asks what flushes to zero")
     thresholds = Thresholds.of(spec, OverflowPolicy.IEEE, *resolve(backend, device, spec))
@@ -185,11 +242,11 @@ def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
     if exps.size == 0 or np.any(np.diff(exps) != 1):
         raise UsageError("loss-scale exponents must be consecutive integers")
     low, span = int(exps[0]), len(exps) + 1  # first-crossing bins: low .. high, then "never"
-    limits = [thresholds.kept, thresholds.normal, thresholds.overflow]
+    limits = [thresholds.kept, thresholds.normal, thresholds.overflow, thresholds.saturate]
     workers = default_workers() if workers is None else workers
     usable = [s for s in sources if s.skipped is None]
     n_bins = LOG2_HIGH - LOG2_LOW + 1
-    totals = np.zeros((len(exps), 3), np.int64)  # flushed, subnormal, overflow per scale
+    totals = np.zeros((len(exps), 4), np.int64)  # flushed, subnormal, overflow, saturated
     histogram = np.zeros(n_bins, np.int64)
     nonzero = count = 0
     for source in usable:
@@ -198,7 +255,7 @@ def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
             rows, cols = matrix_shape(source.shape)
             chunks = chunk_slices(rows, cols, [], chunk_elements)
             w = max(1, min(workers, len(chunks)))
-            counts = shared_array((w, 3, span), np.int64)
+            counts = shared_array((w, len(limits), span), np.int64)
             hist = shared_array((w, n_bins), np.int64)
             sizes = shared_array((w, 2), np.int64)
 
@@ -210,7 +267,7 @@ def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
                 mantissa, exponent = np.frexp(a)
                 for k, limit in enumerate(limits):
                     if not math.isfinite(limit):
-                        continue  # nothing overflows at any scale
+                        continue  # nothing overflows (or saturates) at any scale
                     m_t, e_t = math.frexp(limit)
                     first = e_t - exponent + (mantissa < m_t)  # first e with |g| 2**e >= T
                     np.clip(first - low, 0, span - 1, out=first)
@@ -223,15 +280,16 @@ def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
             reader.close()
         crossed = np.cumsum(counts.sum(axis=0), axis=1)[:, :len(exps)]  # crossed by 2**e
         usable_n = int(sizes[:, 1].sum())
-        totals += np.stack([usable_n - crossed[0], crossed[0] - crossed[1], crossed[2]], axis=1)
+        totals += np.stack([usable_n - crossed[0], crossed[0] - crossed[1], crossed[2],
+                            crossed[3]], axis=1)
         histogram += hist.sum(axis=0)
         count += int(sizes[:, 0].sum())
         nonzero += int(sizes[:, 1].sum())
-    rows = tuple(ScaleRow(int(e), int(f), int(s), int(o), nonzero)
-                 for e, (f, s, o) in zip(exps, totals))
+    rows = tuple(ScaleRow(int(e), int(f), int(s), int(o), nonzero, int(c))
+                 for e, (f, s, o, c) in zip(exps, totals))
     hist = {int(i + LOG2_LOW): int(c) for i, c in enumerate(histogram) if c}
     return LossScaleResult(spec.name, thresholds, nonzero, count, rows, hist,
-                           tuple(s.to_dict() for s in usable))
+                           tuple(s.to_dict() for s in usable), skipped_of(sources))
 
 
 def example_gradients(seed: int = 0) -> TensorSource:

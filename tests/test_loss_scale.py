@@ -22,7 +22,8 @@ from fmtcli.rounding import round_to_format
 
 EXPONENTS = list(range(33))
 ROW_KEYS = {"scale", "log2_scale", "flushed", "flushed_fraction", "subnormal",
-            "subnormal_fraction", "overflow", "overflow_fraction", "kept_fraction"}
+            "subnormal_fraction", "overflow", "overflow_fraction", "saturated",
+            "saturated_fraction", "kept", "kept_fraction"}
 SCALER_KEYS = {"init_scale", "growth_factor", "backoff_factor", "growth_interval",
                "settles_at", "settles_at_log2", "steps_to_settle", "capped_at_sweep"}
 F32 = np.float32
@@ -38,7 +39,9 @@ def sweep(*args, input: str | None = None) -> dict:
 
 
 def direct_counts(arrays, fmt: str = "float16") -> dict:
-    """{e: (flushed, subnormal, overflow)} and the nonzero count, by rounding g * 2**e."""
+    """{e: (flushed, subnormal, overflow, saturated)} and the nonzero count, by rounding
+    g * 2**e; saturated: a value past max's rounding interval (beyond max + ulp/2, or that
+    tie when max is odd) that the format stores as a finite value (no inf/NaN to give)."""
     spec = get_format(fmt)
     g = np.concatenate([np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays])
     g = g[np.isfinite(g) & (g != 0)]
@@ -52,7 +55,13 @@ def direct_counts(arrays, fmt: str = "float16") -> dict:
             subnormal = int(np.count_nonzero(finite & (q != 0)
                                              & (np.abs(q) < spec.smallest_normal)))
             overflow = int(np.count_nonzero(~finite))
-        counts[e] = (flushed, subnormal, overflow)
+            ulp = 2.0 ** (math.frexp(spec.max)[1] - 1 - spec.mantissa_bits)
+            scaled = np.abs(g.astype(np.float64) * 2.0 ** e)
+            tie = spec.max + ulp / 2
+            odd = int(spec.max / ulp) % 2 == 1  # the tie goes to the even neighbour
+            beyond = (scaled > tie) | ((scaled == tie) & odd)
+            saturated = int(np.count_nonzero(beyond & finite))
+        counts[e] = (flushed, subnormal, overflow, saturated)
     return {"rows": counts, "nonzero": int(g.size)}
 
 
@@ -63,23 +72,29 @@ def assert_rows_match(doc: dict, direct: dict, what: str = "") -> None:
     n = max(nonzero, 1)
     for row in doc["scales"]:
         e = row["log2_scale"]
-        flushed, subnormal, overflow = direct["rows"][e]
+        flushed, subnormal, overflow, saturated = direct["rows"][e]
         assert row["scale"] == 2.0 ** e
-        assert (row["flushed"], row["subnormal"], row["overflow"]) == \
-            (flushed, subnormal, overflow), (what, e, row, direct["rows"][e])
-        assert row["flushed_fraction"] == flushed / n, (what, e)
-        assert row["subnormal_fraction"] == subnormal / n, (what, e)
-        assert row["overflow_fraction"] == overflow / n, (what, e)
-        assert row["kept_fraction"] == (nonzero - flushed - overflow) / n, (what, e)
+        assert (row["flushed"], row["subnormal"], row["overflow"], row["saturated"]) == \
+            (flushed, subnormal, overflow, saturated), (what, e, row, direct["rows"][e])
+        kept = nonzero - flushed - overflow - saturated
+        assert row["kept"] == kept, (what, e)
+        for key, count in (("flushed", flushed), ("subnormal", subnormal),
+                           ("overflow", overflow), ("saturated", saturated), ("kept", kept)):
+            assert row[f"{key}_fraction"] == count / n, (what, e, key)
 
 
 def expected_summary(direct: dict) -> dict:
-    """safe range, most kept and best safe by their definitions."""
+    """safe range, most kept and best safe by their definitions: best safe is, among the
+    scales S where nothing overflows or saturates at S nor at 2S (else at S), the one with
+    the fewest flushed, then the fewest subnormal, then the smallest."""
     rows = direct["rows"]
-    safe = [e for e in EXPONENTS if rows[e][2] == 0]
-    lost = {e: rows[e][0] + rows[e][2] for e in EXPONENTS}
+    safe = [e for e in EXPONENTS if rows[e][2] == rows[e][3] == 0]
+    lost = {e: rows[e][0] + rows[e][2] + rows[e][3] for e in EXPONENTS}
     most = min(EXPONENTS, key=lambda e: (lost[e], e))  # fewest lost; ties: smallest scale
-    best_safe = min(safe, key=lambda e: (rows[e][0], e)) if safe else None
+    roomy = [e for e in safe if e == EXPONENTS[-1] or e + 1 in safe] or safe
+    best_safe = min(roomy, key=lambda e: (rows[e][0], rows[e][1], e)) if safe else None
+    if not direct["nonzero"]:
+        most = best_safe = None
     return {"safe": safe, "most_kept": most, "best_safe": best_safe}
 
 
@@ -91,7 +106,10 @@ def assert_summary(doc: dict, direct: dict, what: str = "") -> None:
         assert exp["safe"] == list(range(min(exp["safe"]), max(exp["safe"]) + 1))
     else:
         assert doc["safe_range"] is None, what
-    assert doc["most_kept"]["log2_scale"] == exp["most_kept"], (what, doc["most_kept"])
+    if exp["most_kept"] is None:
+        assert doc["most_kept"] is None, what
+    else:
+        assert doc["most_kept"]["log2_scale"] == exp["most_kept"], (what, doc["most_kept"])
     if exp["best_safe"] is None:
         assert doc["best_safe"] is None, what
     else:
@@ -232,6 +250,10 @@ def test_a_format_without_inf_or_nan_never_overflows(tmp_path):
     assert doc["thresholds"]["overflow"] == "inf"
     assert doc["thresholds"]["kept"] == float(np.nextafter(0.25, 1.0))
     assert all(r["overflow"] == 0 for r in doc["scales"])
+    # but what lies past max is clipped: counted as saturated, not kept, and not safe
+    assert doc["thresholds"]["saturate"] == 7.0  # the tie between 6 (odd) and 8 rounds up
+    assert all(r["saturated"] > 0 for r in doc["scales"])  # |g| up to 2**10 > 7 at S = 1
+    assert doc["safe_range"] is None and doc["best_safe"] is None
     assert_rows_match(doc, direct_counts([g], "float4_e2m1fn"), "e2m1")
     assert doc["grad_scaler"]["capped_at_sweep"] is True
 
@@ -309,7 +331,10 @@ def test_most_kept_and_best_safe_differ_when_the_top_overflows():
     assert doc["most_kept"]["log2_scale"] == most
     assert rows[most]["overflow"] > 0
     safe = [e for e, r in rows.items() if r["overflow"] == 0]
-    assert doc["best_safe"]["log2_scale"] == max(safe) == doc["grad_scaler"]["settles_at_log2"]
+    # GradScaler settles at the edge; the recommendation keeps one binade of headroom
+    assert max(safe) == doc["grad_scaler"]["settles_at_log2"] == 18
+    assert doc["best_safe"]["log2_scale"] == 17
+    assert "2S" in doc["best_safe"]["rule"]
 
 
 # -- the built-in example ------------------------------------------------------------------------------
