@@ -444,44 +444,56 @@ def _granularity_text(scheme: dict) -> str:
 
 
 def render_loss_scale(result, histogram: bool = False):
-    """The sweep: one row per loss scale, safe ones and the recommendations marked."""
+    """The sweep: one row per loss scale, safe ones and the recommendations marked; with
+    nothing to sweep, the note that says so."""
     from rich.console import Group
 
     data = result.to_dict()
+    title = (f"Loss scales for {data['format']}: g_q = cast(g * S) / S, "
+             f"{data['nonzero']:,} nonzero gradient{'' if data['nonzero'] == 1 else 's'}")
+    if not data["nonzero"]:
+        return Text("\n".join([title, "", *data["notes"]]))
+    clips = math.isfinite(data["thresholds"]["saturate"])  # no inf/NaN: beyond max clips
+    lost = "saturated" if clips else "overflow"
     best_safe = data["best_safe"]["log2_scale"] if data["best_safe"] else None
     most = data["most_kept"]["log2_scale"]
     scaler = data["grad_scaler"]["settles_at_log2"]
-    table = Table(title=f"Loss scales for {data['format']}: g_q = cast(g * S) / S, "
-                        f"{data['nonzero']:,} nonzero gradients", title_justify="left",
-                  box=box.SIMPLE_HEAD)
-    for header in ("S", "flushed", "subnormal", "overflow", "kept", ""):
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("S", "flushed", "subnormal", lost, "kept", ""):
         table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
     for row in data["scales"]:
         e = row["log2_scale"]
         marks = []
         if e == best_safe:
-            marks.append("best without overflow")
+            marks.append(f"best without {'saturation' if clips else 'overflow'}")
         if e == most and e != best_safe:
             marks.append("keeps the most")
         if e == scaler:
             marks.append("GradScaler settles")
-        style = "" if row["overflow"] == 0 else "red"
+        style = "" if row[lost] == 0 else "red"
         table.add_row(Text(f"2^{e}", style=style), percent_text(row["flushed_fraction"]),
                       percent_text(row["subnormal_fraction"]),
-                      Text(percent_text(row["overflow_fraction"]), style=style),
+                      Text(percent_text(row[f"{lost}_fraction"]), style=style),
                       percent_text(row["kept_fraction"]),
                       Text(", ".join(marks), style="bold green" if marks else ""))
     safe = data["safe_range"]
     g = data["grad_scaler"]
-    lines = ["safe scales (no overflow): "
+    lines = [f"safe scales (no {'saturation' if clips else 'overflow'}): "
              + (f"2^{int(math.log2(safe['min']))} .. 2^{int(math.log2(safe['max']))}"
-                if safe else "none in 2^0 .. 2^32"),
-             f"keeps the most: 2^{most} ({percent_text(data['most_kept']['kept_fraction'])} "
-             f"kept)"]
+                if safe else "none in 2^0 .. 2^32")]
+    if data["best_safe"]:
+        lines.append(f"best without {'saturation' if clips else 'overflow'}: 2^{best_safe} "
+                     f"(rule: {data['best_safe']['rule']})")
+    lines.append(f"keeps the most: 2^{most} ({percent_text(data['most_kept']['kept_fraction'])}"
+                 f" kept)")
+    if clips:
+        lines.append(f"{data['format']} gives no inf/NaN here: values beyond max are clipped "
+                     f"(saturated), which GradScaler does not see")
     if g["settles_at_log2"] is not None:
+        steps = g["steps_to_settle"]
         lines.append(f"torch.amp.GradScaler (start 2^16, x2 after 2000 clean steps, x0.5 on "
                      f"overflow) settles at 2^{g['settles_at_log2']} after about "
-                     f"{g['steps_to_settle']:,} steps"
+                     f"{steps:,} step{'' if steps == 1 else 's'}"
                      + (" (the top of the sweep)" if g["capped_at_sweep"] else ""))
     parts = [table, Text("\n".join(lines))]
     if histogram:
@@ -491,8 +503,11 @@ def render_loss_scale(result, histogram: bool = False):
 
 def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
     """Bars of log2|g| per binade, each binade's region in the format at S = 1 and at the
-    recommended scale: flush, subnormal, normal, overflow."""
+    recommended scale: flush, subnormal, normal, overflow (or saturate, where the cast
+    clips instead)."""
     t = data["thresholds"]
+    edge = min(t["overflow"], t["saturate"])  # one of them is inf
+    beyond = "overflow" if math.isfinite(t["overflow"]) else "saturate"
     bins = data["log2_histogram"]
     total = sum(b["count"] for b in bins) or 1
     peak = max((b["count"] for b in bins), default=1)
@@ -503,16 +518,16 @@ def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
         high = 2.0 ** (k + s + 1)
         if high <= t["kept"]:
             return "flush"
-        if low >= t["overflow"]:
-            return "overflow"
+        if low >= edge:
+            return beyond
         if high <= t["normal"]:
             return "subnormal"
-        if low >= t["normal"] and high <= t["overflow"]:
+        if low >= t["normal"] and high <= edge:
             return "normal"
         return "mixed"
 
     styles = {"flush": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta",
-              "mixed": "default"}
+              "saturate": "magenta", "mixed": "default"}
     table = Table(title="log2|g| per binade", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("log2|g|", justify="right")
     table.add_column("share", justify="right")
