@@ -7,8 +7,13 @@
   direction ``x_q = decode(codes) / scales``).  The .safetensors metadata records the format,
   scheme and tile of each tensor.
 
-Every file is written to a temporary name in the target directory and renamed into place
-when complete.  An existing file is replaced only with ``force``; an input is never a target.
+Every file is written to a temporary name (``.fmtcli-*``) in the target directory and
+renamed into place when complete; a write that fails for any reason (disk full, an
+exception midway) removes its temporary and says why in one line.  The target is checked
+before any work: an existing file is replaced only with ``force``; a directory, a path
+whose parent is not a directory, or a directory we cannot create files in is refused; an
+input is never a target.  A symbolic link as the target is refused without ``force``; with
+``force`` the link itself is replaced by the new file (what it pointed to is left alone).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import tempfile
 
 import numpy as np
 
-from .errors import DataError, UsageError
+from .errors import DataError, UsageError, shown
 from .formats import FormatSpec
 from .rounding import encode
 
@@ -28,36 +33,64 @@ OUT_SUFFIXES = (".npy", ".npz", ".safetensors")
 
 
 def check_target(path: str, inputs: list[str], force: bool) -> str:
-    """Validate an output path before any work: known suffix, not an input, no clobbering."""
+    """Validate an output path before any work: known suffix, not an input, not a directory,
+    no clobbering, a directory we can create the temporary in."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in OUT_SUFFIXES:
-        raise UsageError(f"--out must end in {', '.join(OUT_SUFFIXES)}, got '{path}'")
+        raise UsageError(f"--out must end in {', '.join(OUT_SUFFIXES)}, got {shown(path)}")
     target = os.path.realpath(path)
     for item in inputs:
         if item != "-" and os.path.exists(item) and os.path.realpath(item) == target:
-            raise UsageError(f"--out '{path}' is one of the inputs; refusing to overwrite it")
-    if os.path.exists(path) and not force:
-        raise UsageError(f"'{path}' exists", "pass --force to replace it")
+            raise UsageError(f"--out {shown(path)} is one of the inputs; refusing to overwrite it")
+    if os.path.isdir(path):
+        raise UsageError(f"--out {shown(path)} is a directory", "give a file name in it")
+    if os.path.islink(path) and not force:
+        raise UsageError(f"--out {shown(path)} is a symbolic link",
+                         "pass --force to replace the link itself; its target is left alone")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"{shown(path)} exists", "pass --force to replace it")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise UsageError(f"--out directory '{directory}' does not exist")
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise UsageError(f"--out directory {shown(directory)} {what}")
+    os.unlink(_temporary(path))  # can we create files there at all? (root ignores modes)
     return suffix
 
 
 def _temporary(path: str) -> str:
+    """A new empty temporary file beside ``path`` (same directory, so the rename is atomic)."""
     directory = os.path.dirname(os.path.abspath(path))
-    handle, name = tempfile.mkstemp(prefix=".fmtcli-", suffix=os.path.splitext(path)[1],
-                                    dir=directory)
+    try:
+        handle, name = tempfile.mkstemp(prefix=".fmtcli-", suffix=os.path.splitext(path)[1],
+                                        dir=directory)
+    except OSError as error:
+        raise DataError(f"cannot write {shown(path)}: cannot create a file in "
+                        f"{shown(directory)} ({error.strerror or error})") from None
     os.close(handle)
     return name
 
 
+def _remove(temporary: str) -> None:
+    try:
+        os.unlink(temporary)
+    except FileNotFoundError:
+        pass
+
+
 def _commit(temporary: str, path: str) -> None:
-    """Give the file the mode a new file gets (mkstemp's is 0600), then rename into place."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(temporary, 0o666 & ~mask)
-    os.replace(temporary, path)
+    """Give the file the mode a new file gets (mkstemp's is 0600), then rename into place
+    (over a symbolic link: the link is replaced, not its target).  On failure the temporary
+    is removed and the reason is a DataError."""
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise IsADirectoryError(21, "Is a directory")  # appeared since check_target
+        os.replace(temporary, path)
+    except OSError as error:
+        _remove(temporary)
+        raise DataError(f"cannot write {shown(path)} ({error.strerror or error})") from None
 
 
 def check_not_an_input(path: str, sources) -> None:
@@ -65,7 +98,7 @@ def check_not_an_input(path: str, sources) -> None:
     target = os.path.realpath(path)
     for source in sources:
         if os.path.exists(source.source) and os.path.realpath(source.source) == target:
-            raise UsageError(f"--out '{path}' is one of the inputs; refusing to overwrite it")
+            raise UsageError(f"--out {shown(path)} is one of the inputs; refusing to overwrite it")
 
 
 def output_names(sources) -> list[str]:
@@ -95,26 +128,38 @@ def codes_of(values: np.ndarray, spec: FormatSpec) -> np.ndarray:
 
 
 class NpyWriter:
-    """Streams one tensor's dequantized values into a .npy (temporary until ``close``)."""
+    """Streams one tensor's dequantized values into a .npy (temporary until ``close``; a
+    failure at any step removes the temporary: ``abort`` for the caller's own failures)."""
 
     def __init__(self, path: str, shape: tuple[int, ...]) -> None:
         self.path = path
         self.temporary = _temporary(path)
-        self.array = np.lib.format.open_memmap(self.temporary, mode="w+", dtype=np.float32,
-                                               shape=shape)
+        try:
+            self.array = np.lib.format.open_memmap(self.temporary, mode="w+",
+                                                   dtype=np.float32, shape=shape)
+        except (OSError, ValueError) as error:
+            _remove(self.temporary)
+            reason = getattr(error, "strerror", None) or error
+            raise DataError(f"cannot write {shown(path)} ({reason})") from None
         self.matrix = self.array.reshape(-1, shape[-1] if shape else 1)
 
     def write(self, rows: slice, cols: slice, values: np.ndarray) -> None:
         self.matrix[rows, cols] = values
 
     def close(self) -> None:
-        self.array.flush()
-        del self.matrix, self.array
+        try:
+            self.array.flush()
+            del self.matrix, self.array
+        except OSError as error:
+            _remove(self.temporary)
+            raise DataError(f"cannot write {shown(self.path)} ({error.strerror or error})"
+                            ) from None
         _commit(self.temporary, self.path)
 
     def abort(self) -> None:
-        if os.path.exists(self.temporary):
-            os.unlink(self.temporary)
+        self.__dict__.pop("matrix", None)
+        self.__dict__.pop("array", None)
+        _remove(self.temporary)
 
 
 def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict]]) -> None:
@@ -132,11 +177,13 @@ def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict
                 np.savez(handle, **arrays)
         else:
             _write_safetensors(temporary, arrays, metadata)
-        _commit(temporary, path)
     except OSError as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise DataError(f"cannot write '{path}' ({error.strerror or error})") from None
+        _remove(temporary)
+        raise DataError(f"cannot write {shown(path)} ({error.strerror or error})") from None
+    except BaseException:  # anything else (a bug, Ctrl-C): no temporary left behind
+        _remove(temporary)
+        raise
+    _commit(temporary, path)
 
 
 _ST_CODES = {np.dtype(np.uint8): "U8", np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32",
