@@ -201,6 +201,8 @@ def _zip_reason(error: BaseException) -> str:
         return "a compression method zipfile does not support"
     if isinstance(error, (EOFError, struct.error)):
         return "truncated"
+    if "CRC" in str(error):
+        return "its CRC-32 does not match the archive's directory"
     return "damaged zip structure or compressed data"
 
 
@@ -215,8 +217,11 @@ def _member(path: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str
             header = read_header(handle, where)
     else:
         start = None
-        with archive.open(info) as member:
-            header = read_header(member, where)
+        try:
+            with archive.open(info) as member:
+                header = read_header(member, where)
+        except ZIP_ERRORS as error:  # a small member is read to its end: CRC checked
+            raise DataError(f"{where}: corrupt ({_zip_reason(error)})") from None
     if header.dtype is not None and header.data_offset + header.nbytes != info.file_size:
         raise DataError(f"{where}: truncated or wrong size (its header declares "
                         f"{header.nbytes:,} bytes of data, the member holds "
