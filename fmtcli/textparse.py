@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import DataError
 
-MAX_TEXT_BYTES = 64 * 1024 * 1024
+MAX_TEXT_BYTES = 16 * 1024 * 1024  # a few seconds of parsing at worst (one number a line)
 MAX_JSON_DEPTH = 64
 
 _NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan|inf|infinity)",
