@@ -19,8 +19,8 @@ for all of them); nothing here quantizes on its own.  Candidates:
 
 A tensor without a finite nonzero value (all zeros, only NaN/inf) has nothing to quantize:
 it is left out of the candidates (a note names it), and when no tensor has anything to
-quantize the result has no candidates and no best.  Where every candidate's metric is NaN,
-there is no best either.
+quantize the result has no candidates and no best.  Where no candidate's metric is finite
+(NaN, or an unbounded error from inf/NaN results), there is no best either.
 """
 
 from __future__ import annotations
@@ -237,8 +237,8 @@ def _mse_search(sources, plain: Scheme, **options) -> Candidate:
     def error(s: SchemeStats) -> float:
         return math.inf if math.isnan(s.mse) else s.mse
 
-    if all(math.isnan(s.mse) for s in stats):
-        note = "no scale factor gives a defined MSE (no finite pair of input and result)"
+    if not any(math.isfinite(s.mse) for s in stats):
+        note = "no scale factor gives a finite MSE"
         return Candidate("mse search", stats[COARSE.tolist().index(0.0)], note)
     centre = float(COARSE[int(np.argmin([error(s) for s in stats]))])
     fine_margins = centre + np.arange(-8, 9) * FINE_STEP
@@ -319,10 +319,11 @@ def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: 
 
 
 def best_of(candidates: list[Candidate], metric: Metric) -> str | None:
-    """The candidate with the smallest metric (SQNR: largest); ties: the first listed;
-    None when every candidate's metric is NaN."""
+    """The candidate with the smallest metric (SQNR: largest); ties: the first listed.
+    Only a bounded value ranks: None when every candidate's metric is NaN or an unbounded
+    error (an inf/NaN result of a finite input)."""
     ranked = [(metric_value(c.stats, metric), i) for i, c in enumerate(candidates)]
-    ranked = [pair for pair in ranked if not math.isnan(pair[0])]
+    ranked = [pair for pair in ranked if not math.isnan(pair[0]) and pair[0] != math.inf]
     return candidates[min(ranked)[1]].name if ranked else None
 
 
@@ -381,6 +382,6 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
                                        **options))
     best = best_of(candidates, metric)
     if best is None:
-        notes.append(f"no best: no candidate has a defined {metric.value}")
+        notes.append(f"no best: no candidate has a finite {metric.value}")
     return ScaleSearchResult(plain.to_dict(), metric, tuple(candidates), best, tensors,
                              len(steps), tuple(notes), skipped, sequence)

@@ -73,7 +73,8 @@ def test_an_all_zero_tensor_among_others_does_not_disturb_them(tmp_path):
 
 
 def test_no_best_where_every_candidate_metric_is_undefined(tmp_path):
-    """NaN in the tensor makes every scale NaN (as torch.amax): no finite pair, no MSE."""
+    """NaN in the tensor makes every scale NaN (as torch.amax): every finite input comes out
+    NaN, an unbounded error under every rule, so none is best."""
     x = np.array([1.0, np.nan, 2.0, 3.0], np.float32)
     doc = search(save(tmp_path / "n.npy", x))
     assert doc["candidates"] and doc["best"] is None
