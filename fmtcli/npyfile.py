@@ -144,6 +144,17 @@ def _dtype_from_descr(descr, where: str) -> tuple[np.dtype | None, str | None]:
     return dtype, None
 
 
+def memory_map(path: str, dtype: np.dtype, offset: int, shape: tuple[int, ...],
+               order: str = "C") -> np.ndarray:
+    """A read-only map of data whose size was checked at load time; a file that has shrunk
+    or vanished since is a data error, not numpy's ValueError."""
+    try:
+        return np.memmap(path, dtype, "r", offset, shape, order)
+    except (ValueError, OSError) as error:
+        raise DataError(f"{shown(path)}: cannot map its data (the file changed or shrank "
+                        f"after it was opened? {error})") from None
+
+
 def _entry(key: str | None, header: Header, opener) -> Entry:
     if header.dtype is None:
         return Entry(key, header.shape, "unknown", None, header.skipped)
@@ -167,8 +178,7 @@ def load_npy(path: str) -> list[Entry]:
                         f"{max(size - header.data_offset, 0):,})")
 
     def opener() -> np.ndarray:
-        return np.memmap(path, header.dtype, "r", header.data_offset, header.shape,
-                         header.order)
+        return memory_map(path, header.dtype, header.data_offset, header.shape, header.order)
 
     return [_entry(None, header, opener)]
 
@@ -252,7 +262,7 @@ def _stored_opener(path: str, info: zipfile.ZipInfo, start: int, header: Header,
             _check_crc(path, start, info.file_size, info.CRC, where)
             checked.append(True)
         offset = start + header.data_offset
-        return np.memmap(path, header.dtype, "r", offset, header.shape, header.order)
+        return memory_map(path, header.dtype, offset, header.shape, header.order)
 
     return opener
 

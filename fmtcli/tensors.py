@@ -231,7 +231,7 @@ def _load_safetensors(path: str) -> list[TensorSource]:
         def opener(dtype=dtype, offset=offset, shape=shape):
             if math.prod(shape) == 0:
                 return np.zeros(shape, dtype)
-            return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+            return npyfile.memory_map(path, dtype, offset, shape)
 
         sources.append(_from_array(path, name, opener, shape, dtype))
     return sources

@@ -578,3 +578,15 @@ def test_pt_holding_a_bare_tensor_a_list_or_itself(tmp_path):
     loop.append(loop)
     torch.save(loop, tmp_path / "loop.pt")
     refused(tmp_path / "loop.pt", "nested more than 64 levels")
+
+
+def test_a_file_that_shrinks_after_loading_is_a_data_error_when_opened(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones(4096, np.float32))
+    write_safetensors(tmp_path / "m.safetensors", {"a": np.ones(4096, np.float32)})
+    for name in ("x.npy", "m.safetensors"):
+        path = tmp_path / name
+        (source,) = load_path(str(path))
+        with open(path, "r+b") as handle:
+            handle.truncate(1000)
+        with pytest.raises(DataError, match="cannot map its data"):
+            source.array()
