@@ -18,6 +18,7 @@ input is never a target.  A symbolic link as the target is refused without ``for
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -127,6 +128,21 @@ def codes_of(values: np.ndarray, spec: FormatSpec) -> np.ndarray:
     return np.ascontiguousarray(values).astype(dtype).view(width)
 
 
+def _reserve(path: str) -> None:
+    """Allocate the memory-mapped file's blocks now: a full disk is then an error here, not
+    a SIGBUS when a page of the map is first written.  Filesystems without fallocate skip."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    with open(path, "r+b") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
+            os.posix_fallocate(handle.fileno(), 0, size)
+        except OSError as error:
+            if error.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                return
+            raise
+
+
 class NpyWriter:
     """Streams one tensor's dequantized values into a .npy (temporary until ``close``; a
     failure at any step removes the temporary: ``abort`` for the caller's own failures)."""
@@ -137,14 +153,20 @@ class NpyWriter:
         try:
             self.array = np.lib.format.open_memmap(self.temporary, mode="w+",
                                                    dtype=np.float32, shape=shape)
+            _reserve(self.temporary)
         except (OSError, ValueError) as error:
-            _remove(self.temporary)
+            self.abort()
             reason = getattr(error, "strerror", None) or error
             raise DataError(f"cannot write {shown(path)} ({reason})") from None
         self.matrix = self.array.reshape(-1, shape[-1] if shape else 1)
 
     def write(self, rows: slice, cols: slice, values: np.ndarray) -> None:
-        self.matrix[rows, cols] = values
+        try:
+            self.matrix[rows, cols] = values
+        except OSError as error:
+            self.abort()
+            raise DataError(f"cannot write {shown(self.path)} ({error.strerror or error})"
+                            ) from None
 
     def close(self) -> None:
         try:
