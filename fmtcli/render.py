@@ -393,9 +393,11 @@ def _scale_cell(candidate: dict) -> str:
     return f"{value_text(scales['min'], 3)} .. {value_text(scales['max'], 3)}"
 
 
-def render_scale_search(result) -> Table | Text:
-    """One row per candidate rule; the best by the chosen metric marked.  With nothing to
-    quantize (no candidates), the title and the notes that say why."""
+def render_scale_search(result) -> Fit | Text:
+    """One row per candidate rule; the best by the chosen metric marked.  Two layouts (the
+    first that fits the console): roomy with a "<- best" column, compact with the best
+    rule starred; else one record per rule.  With nothing to quantize (no candidates), the
+    title and the notes that say why."""
     data = result.to_dict()
     title = (f"Scale rules for {data['format']}, one scale per "
              f"{_granularity_text(data['scheme'])}")
@@ -411,27 +413,40 @@ def render_scale_search(result) -> Table | Text:
     for c in data["candidates"]:
         if c["note"]:
             caption += f"\n{c['name']}: {c['note']}"
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
-                  box=box.SIMPLE_HEAD)
-    table.add_column("rule")
-    for header in ("scale", "flushed", "saturated", "median rel", "p99 rel", "SQNR", "MSE"):
-        table.add_column(header, justify="right", no_wrap=True)
-    if delayed:
-        table.add_column("overflow steps", justify="right")
-    table.add_column("")
-    for c in data["candidates"]:
-        best = c["name"] == data["best"]
-        sqnr = c["sqnr_db"]
-        cells = [Text(c["name"], style="bold" if best else ""), _scale_cell(c),
-                 percent_text(c["flushed_fraction"]), percent_text(c["saturated_fraction"]),
-                 percent_text(c["median_rel_error"]), percent_text(c["p99_rel_error"]),
-                 f"{sqnr:.1f} dB" if math.isfinite(sqnr) else value_text(sqnr),
-                 value_text(c["mse"], 3)]
+
+    def layout(compact: bool) -> Table:
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                      caption=caption + ("\n* best" if compact and data["best"] else ""),
+                      caption_justify="left", show_edge=not compact,
+                      padding=(0, 1 if not compact else 0), pad_edge=not compact)
+        table.add_column("rule", no_wrap=True)
+        headers = ("scale", "flushed", "saturated", "median rel", "p99 rel", "SQNR", "MSE")
+        if compact:
+            headers = ("scale", "flushed", "satur.", "median", "p99", "SQNR", "MSE")
+        for header in headers:
+            table.add_column(header, justify="right", no_wrap=True)
         if delayed:
-            cells.append(f"{c['overflow_steps']}/{c['steps']}" if "overflow_steps" in c else "")
-        cells.append(Text("<- best", style="bold green") if best else "")
-        table.add_row(*cells)
-    return table
+            table.add_column("ovf steps" if compact else "overflow steps", justify="right")
+        if not compact:
+            table.add_column("", no_wrap=True)
+        for c in data["candidates"]:
+            best = c["name"] == data["best"]
+            sqnr = c["sqnr_db"]
+            name = c["name"] + (" *" if compact and best else "")
+            cells = [Text(name, style="bold" if best else ""), _scale_cell(c),
+                     percent_text(c["flushed_fraction"]), percent_text(c["saturated_fraction"]),
+                     percent_text(c["median_rel_error"]), percent_text(c["p99_rel_error"]),
+                     f"{sqnr:.1f} dB" if math.isfinite(sqnr) else value_text(sqnr),
+                     value_text(c["mse"], 3)]
+            if delayed:
+                cells.append(f"{c['overflow_steps']}/{c['steps']}" if "overflow_steps" in c
+                             else "")
+            if not compact:
+                cells.append(Text("<- best", style="bold green") if best else "")
+            table.add_row(*cells)
+        return table
+
+    return Fit(layout(False), layout(True))
 
 
 def _granularity_text(scheme: dict) -> str:
