@@ -1,0 +1,164 @@
+"""The README's examples are the program's real output.
+
+Every ```console block of README.md whose first line is ``$ fmt ...`` is run through
+CliRunner at 80 columns, in a directory holding the small checkpoint that ``model_files``
+writes, and its output compared with the block (trailing spaces and blank lines aside).
+A comment at the end of the command line says how to compare (the shell ignores it, so
+the command stays copy-pasteable):
+
+- ``# json: PATH`` -- only that part of the JSON document (PATH: keys and list indices
+  joined by dots, e.g. ``tensors.0.schemes.0``), written as ``--json`` writes it;
+- ``# first N lines`` / ``# last N lines`` -- only the first / last N lines of the output;
+- ``# not run: REASON`` -- not run here (a GPU, another machine's torch).
+
+After a change of output, rewrite the blocks from the program and review the diff:
+
+    python tests/test_readme.py --update
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fmtcli.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+WIDTH = "80"
+BLOCK = re.compile(r"^```console\n(\$ fmt [^\n]*)\n(.*?)^```$", re.S | re.M)
+DIRECTIVE = re.compile(r"\s+#\s*(json: (?P<path>\S+)|(?P<end>first|last) (?P<lines>\d+) lines|"
+                       r"not run: (?P<reason>.+))\s*$")
+
+
+def model_files(directory: Path) -> None:
+    """``model.safetensors``: a checkpoint shaped like a real one -- an int64 first tensor
+    (skipped), an embedding, attention weights and a bias -- from a fixed seed."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(2024)
+    tensors = {
+        "embeddings.position_ids": np.arange(512, dtype=np.int64)[None, :],
+        "embeddings.word_embeddings.weight": (rng.standard_normal((1000, 64)) * 0.05),
+        "layer.0.attention.query.weight": rng.standard_normal((64, 64)) * 0.1,
+        "layer.0.attention.query.bias": rng.standard_normal(64) * 0.01,
+    }
+    tensors["layer.0.attention.query.weight"][3, 7] = 4.0  # an outlier
+    save_file({k: v.astype(np.float32) if v.dtype == np.float64 else v
+               for k, v in tensors.items()}, str(directory / "model.safetensors"))
+
+
+def examples(text: str) -> list[tuple[str, str, re.Match]]:
+    """(command line, expected output, match) of every console block."""
+    return [(m.group(1), m.group(2), m) for m in BLOCK.finditer(text)]
+
+
+def normalise(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+
+
+def select(document, path: str):
+    for part in path.split("."):
+        document = document[int(part)] if isinstance(document, list) else document[part]
+    return document
+
+
+def run_example(command: str, directory: Path) -> str:
+    """The output the README should show for ``command`` (directives applied)."""
+    directive = DIRECTIVE.search(command)
+    args = shlex.split(command[:directive.start()] if directive else command)[1:]
+    assert args[0] == "fmt", command
+    old = os.getcwd()
+    os.chdir(directory)
+    try:
+        result = CliRunner().invoke(app, args[1:], env={"COLUMNS": WIDTH})
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 0, (command, result.stdout, result.stderr)
+    out = result.stdout
+    if directive and directive.group("path"):
+        out = json.dumps(select(json.loads(out), directive.group("path")), indent=2)
+    elif directive and directive.group("lines"):
+        n = int(directive.group("lines"))
+        lines = normalise(out).splitlines()
+        out = "\n".join(lines[:n] if directive.group("end") == "first" else lines[-n:])
+    return normalise(out) + "\n"
+
+
+def runnable() -> list[str]:
+    out = []
+    for command, _, _ in examples(README.read_text()):
+        directive = DIRECTIVE.search(command)
+        if not (directive and directive.group("reason")):
+            out.append(command)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("readme")
+    model_files(directory)
+    return directory
+
+
+def test_the_readme_has_examples_of_every_command():
+    commands = runnable()
+    assert len(commands) >= 8
+    for name in ("quantize", "scale-search", "range", "underflow"):
+        assert any(c.startswith(f"$ fmt {name}") for c in commands), name
+    assert any("--loss-scale" in c for c in commands)
+
+
+@pytest.mark.parametrize("command", runnable())
+def test_readme_example_is_the_program_output(command, model_dir):
+    expected = {c: normalise(out) + "\n" for c, out, _ in examples(README.read_text())}
+    assert run_example(command, model_dir) == expected[command], (
+        f"README block '{command}' differs from the program's output; "
+        "run `python tests/test_readme.py --update` and review the diff")
+
+
+def test_directives_are_understood(tmp_path):
+    model_files(tmp_path)
+    first = run_example("$ fmt range fp16 --json    # json: 0.max", tmp_path)
+    assert first == "65504.0\n"
+    four = run_example("$ fmt range    # first 4 lines", tmp_path)
+    assert four.count("\n") == 4 and four.startswith("Number formats\n\n")
+    last = run_example("$ fmt range    # last 1 lines", tmp_path)
+    assert last.count("\n") == 1 and last.strip()
+    assert DIRECTIVE.search("$ fmt x    # not run: needs a GPU").group("reason") == "needs a GPU"
+
+
+def update(path: Path = README) -> int:
+    """Rewrite every runnable block from the program's output; the number changed."""
+    import tempfile
+
+    text = path.read_text()
+    changed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        model_files(directory)
+        pieces, last = [], 0
+        for command, old, match in examples(text):
+            directive = DIRECTIVE.search(command)
+            new = old if directive and directive.group("reason") else \
+                run_example(command, directory)
+            changed += normalise(new) != normalise(old)
+            pieces += [text[last:match.start(2)], new]
+            last = match.end(2)
+        pieces.append(text[last:])
+    path.write_text("".join(pieces))
+    return changed
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_readme.py --update")
+    print(f"{update()} README block(s) rewritten")
