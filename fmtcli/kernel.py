@@ -2,6 +2,12 @@
 
 Direction: ``x_q = cast(x * scale) / scale``.  One ``ChunkKernel`` applies one scheme to one
 2-D float32 (or float64) chunk of a tensor's matrix view; ``quantize`` streams the chunks.
+
+The product ``x * scale`` follows the scheme's ``product`` (``scaling.Product``): under
+``float32`` the chunk is taken as float32 (float64 data rounded to float32; a finite value
+beyond float32's range is a ``DataError``), the scales are float32 and so is the product;
+under ``exact`` data, scales and product are float64.  Statistics compare ``x_q`` with the
+data as read (float64 stays float64).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends import Backend, Device, cast_with_policy
+from .errors import DataError, shown
 from .formats import Specials
 from .metrics import ErrorAccumulator
 from .rounding import (
@@ -23,7 +30,7 @@ from .rounding import (
     round_float32_nearest_even,
     round_unbounded,
 )
-from .scaling import F32_MAX, ScaleRule, amax_to_scale, scale_to_e4m3
+from .scaling import F32_MAX, F32_TINY, Product, ScaleRule, amax_to_scale, scale_to_e4m3
 from .schemes import ScaleFormat, Scheme
 
 
@@ -83,7 +90,9 @@ def tile_percentile(x: np.ndarray, tr: int, tc: int, q: float) -> np.ndarray:
 
 
 def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
-    """float32 scales for tile amaxes under the plan's scheme (x_q = cast(x*scale)/scale)."""
+    """Scales for tile amaxes under the plan's scheme (x_q = cast(x*scale)/scale): float32,
+    float64 under the exact product (``scaling.amax_to_scale``); NVFP4's are float32 always
+    (its scale format is pinned: E4M3 times float32)."""
     scheme = plan.scheme
     if scheme.scale_format is ScaleFormat.E4M3_FP32:
         # NVFP4: decode scale per block d = e4m3(amax / max_elem * g), g the tensor scale;
@@ -94,14 +103,16 @@ def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
             decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
             scale = g / decode
         return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
-    return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin)
+    return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin, scheme.product)
 
 
 def nvfp4_tensor_scale(amax: float, scheme: Scheme) -> float:
-    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448)."""
+    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448), kept in
+    float32's normal range (beyond it, under the exact product, the largest values saturate
+    rather than the scale becoming 0 or inf)."""
     if not (amax > 0) or not math.isfinite(amax):
         return 1.0
-    return float(np.float32(min(scheme.format.max * 448.0 / amax, F32_MAX)))
+    return float(np.float32(min(max(scheme.format.max * 448.0 / amax, F32_TINY), F32_MAX)))
 
 
 def _positions(origin: tuple[int, int, int], padded: tuple[int, int], shape4) -> np.ndarray:
@@ -117,8 +128,10 @@ class ChunkKernel:
     """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
 
     def __init__(self, plan: Plan, seed: int, backend: Backend = Backend.NUMPY,
-                 device: Device = Device.CPU) -> None:
+                 device: Device = Device.CPU, name: str = "tensor") -> None:
         self.plan = plan
+        self.name = name  # the tensor's, for messages
+        self.exact = plan.scheme.product is Product.EXACT
         self.spec = plan.scheme.format
         self.seed = seed
         self.backend, self.device = backend, device
@@ -144,6 +157,25 @@ class ChunkKernel:
         with np.errstate(all="ignore"):  # NaN/inf in the data are counted, not warned about
             return self._run(x, origin, hist, keep, {} if shared is None else shared)
 
+    def _working(self, xp: np.ndarray) -> np.ndarray:
+        """The chunk as the product sees it: float32 (the float32 rule; float64 data rounded,
+        a finite value beyond float32's range refused) or float64 (exact)."""
+        if self.exact:
+            return xp.astype(np.float64, copy=False)
+        if xp.dtype == np.float32:
+            return xp
+        xw = xp.astype(np.float32)
+        if np.isinf(xw).any():
+            beyond = np.isinf(xw) & np.isfinite(xp)
+            if beyond.any():
+                big = float(np.max(np.abs(xp[beyond])))
+                raise DataError(f"{shown(self.name)}: a value of magnitude {big:.4g} lies "
+                                "beyond float32's range (3.4e38), where the float32 product "
+                                "x * scale cannot hold it",
+                                "use the exact product (--product exact): float64 scales "
+                                "and products")
+        return xw
+
     def _run(self, x, origin, hist, keep, shared):
         plan, spec, scheme = self.plan, self.spec, self.plan.scheme
         tr, tc = plan.tile
@@ -154,15 +186,17 @@ class ChunkKernel:
         pr, pc = (-rows) % tr, (-cols) % tc
         xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
         padding = xp.size - x.size
+        xw = self._working(xp)  # what gets scaled: float32, or float64 (exact product)
         local_scales = x_max = None
         in_range = False  # known that no |x * scale| exceeds the format's max
         if plan.is_global:
             scale = plan.scales
         else:
-            amax = tile_amax(xp, tr, tc)
+            amax = tile_amax(xw, tr, tc)
             x_max = float(amax.max())
             if scheme.scale_rule is ScaleRule.PERCENTILE:
-                scale = scales_for(tile_percentile(x, tr, tc, scheme.percentile), plan)
+                scale = scales_for(tile_percentile(xw[:rows, :cols], tr, tc,
+                                                   scheme.percentile), plan)
             else:
                 scale = scales_for(amax, plan)
             local_scales = scale
@@ -178,7 +212,7 @@ class ChunkKernel:
             dead = np.isinf(scale)
             scale = np.where(dead, np.float32(0), scale)  # x * 0: no spurious saturation
         s4 = scale[:, None, :, None]
-        xs = np.multiply(xp.reshape(shape4), s4)
+        xs = np.multiply(xw.reshape(shape4), s4.astype(xw.dtype, copy=False))
         flat = xs.reshape(-1)
         with np.errstate(invalid="ignore", over="ignore"):
             if self.backend is not Backend.NUMPY:  # the cast of ml_dtypes or torch itself

@@ -35,8 +35,14 @@ NAN_BINS = np.r_[FINITE_BINS + 1:0x8000, 0x8000 + FINITE_BINS + 1:HIST_BINS]  # 
 REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT)  # bin width relative to its lower edge
 
 
-def _sum_of_squares(values: np.ndarray, largest: float | None) -> float:
-    """Sum of squares of one chunk (at most 2**40 values).
+BIG = 2.0 ** 500  # float64 values from here on have squares summed scaled (no overflow)
+BIG_SHIFT = 600  # ... as (v * 2**-600)**2: sums of squares are small + big * 2**1200
+
+
+def _sum_of_squares(values: np.ndarray, largest: float | None) -> tuple[float, float]:
+    """(small, big): the sum of squares of one chunk (at most 2**40 values) is
+    ``small + big * 2**(2 * BIG_SHIFT)``, so float64 data near its top (1e300) does not
+    overflow; big is 0 for every float32 chunk.
 
     float32 squares summed pairwise in float32 (relative error ~1e-7) when the largest value
     L lies in [2**-23, 2**50]: then every square that float32 flushes is below
@@ -45,8 +51,21 @@ def _sum_of_squares(values: np.ndarray, largest: float | None) -> float:
     """
     if (largest is not None and 2.0 ** -23 <= largest <= 2.0 ** 50
             and values.dtype == np.float32):
-        return float(np.add.reduce(np.square(values), dtype=np.float32))
-    return float(np.sum(np.square(values, dtype=np.float64)))
+        return float(np.add.reduce(np.square(values), dtype=np.float32)), 0.0
+    if values.dtype == np.float64 and not (largest is not None and largest < BIG):
+        big = np.abs(values) >= BIG
+        if big.any():
+            scaled = np.ldexp(values[big], -BIG_SHIFT)
+            return (float(np.sum(np.square(values[~big]))),
+                    float(np.sum(np.square(scaled))))
+    return float(np.sum(np.square(values, dtype=np.float64))), 0.0
+
+
+def scaled_sum(small: float, big: float) -> tuple[float, int]:
+    """``small + big * 2**(2 * BIG_SHIFT)`` as (value, power of two) for logs and roots."""
+    if big:
+        return math.ldexp(small, -2 * BIG_SHIFT) + big, 2 * BIG_SHIFT
+    return small, 0
 
 
 @dataclass
@@ -66,6 +85,8 @@ class ErrorAccumulator:
     sum_err: float = 0.0
     sum_err2: float = 0.0
     sum_x2: float = 0.0
+    sum_err2_big: float = 0.0  # squares of errors >= BIG, scaled by 2**(-2 * BIG_SHIFT)
+    sum_x2_big: float = 0.0
     max_abs_err: float = 0.0
     hist: np.ndarray | None = field(default_factory=lambda: np.zeros(HIST_BINS, dtype=np.int64))
 
@@ -117,13 +138,17 @@ class ErrorAccumulator:
         abs_err = np.abs(finite_err, out=finite_err)
         max_err = float(abs_err.max()) if abs_err.size else 0.0
         self.max_abs_err = max(self.max_abs_err, max_err)
-        self.sum_err2 += _sum_of_squares(abs_err, max_err)
+        small, big = _sum_of_squares(abs_err, max_err)
+        self.sum_err2 += small
+        self.sum_err2_big += big
         if finite_x is x:  # the same for every scheme of this chunk (padding adds zeros)
             if "sum_x2" not in shared:
                 shared["sum_x2"] = _sum_of_squares(x, x_max)
-            self.sum_x2 += shared["sum_x2"]
+            small, big = shared["sum_x2"]
         else:
-            self.sum_x2 += _sum_of_squares(finite_x, x_max)
+            small, big = _sum_of_squares(finite_x, x_max)
+        self.sum_x2 += small
+        self.sum_x2_big += big
         if finite_err is err:
             rel = np.divide(abs_err, np.abs(x), out=abs_err)
         else:
@@ -143,7 +168,7 @@ class ErrorAccumulator:
 
     COUNTS = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
               "overflowed", "nan_produced", "unbounded", "finite_pairs")
-    SUMMED = COUNTS + ("sum_err", "sum_err2", "sum_x2")
+    SUMMED = COUNTS + ("sum_err", "sum_err2", "sum_x2", "sum_err2_big", "sum_x2_big")
     PACKED = SUMMED + ("max_abs_err",)
 
     def pack(self, out: np.ndarray) -> None:

@@ -18,6 +18,7 @@ import mmap
 import os
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -29,7 +30,7 @@ from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
 from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
-from .scaling import ScaleRule
+from .scaling import Product, ScaleRule
 from .schemes import ScaleFormat, Scheme, for_tensor
 from .tensors import TensorSource
 
@@ -168,7 +169,7 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
     targets = [p for p in plans if needs_first_pass(p)]
     widths = [-(-cols // p.tile[1]) if p.is_global else 1 for p in targets]
     workers = max(1, min(workers, len(chunks)))
-    partial = [shared_array((workers, w), np.float32) for w in widths]
+    partial = [shared_array((workers, w), reader.dtype) for w in widths]  # float64 stays
     percentile = [p for p in targets if p.scheme.scale_rule is ScaleRule.PERCENTILE]
     hists = shared_array((workers, HIST_BINS), np.int64) if percentile else None
 
@@ -176,7 +177,9 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
         rs, cs = chunks[index]
         x = reader.read(rs, cs)
         if percentile:  # one histogram of |x| serves every per-tensor percentile scheme
-            keys = np.right_shift(np.abs(x).astype(np.float32).view(np.uint32), HIST_SHIFT)
+            with np.errstate(over="ignore"):  # float64 beyond float32: the inf bin
+                keys = np.right_shift(np.abs(x).astype(np.float32).view(np.uint32),
+                                      HIST_SHIFT)
             hists[worker] += np.bincount(keys.reshape(-1), minlength=HIST_BINS)
         for target, out in zip(targets, partial):
             # a global tile spans the chunk's rows, and either its columns (per-column,
@@ -226,7 +229,7 @@ def tensor_amax(source: TensorSource, *, chunk_elements: int = CHUNK_ELEMENTS,
         rows, cols = matrix_shape(source.shape)
         chunks = chunk_slices(rows, cols, [], chunk_elements)
         workers = max(1, min(workers, len(chunks)))
-        partial = shared_array((workers,), np.float32)
+        partial = shared_array((workers,), reader.dtype)
 
         def task(index: int, worker: int) -> int:
             x = reader.read(*chunks[index])
@@ -243,16 +246,19 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
                     chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
                     progress: Progress | None = None, keep: int | None = None,
                     keep_mode: str = "values", sink: Callable | None = None,
-                    backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU):
+                    backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
+                    product: Product | str | None = None):
     """Quantize one tensor under every scheme.
 
     Returns a list of (scheme as applied, accumulator, scale summary) and, with ``keep`` (a
     scheme index), that scheme's scale grid (tiles of the matrix view) and tile shape.  The
     kept scheme's output per chunk goes to ``sink(row_slice, col_slice, array)``, called in
     the worker processes: the sink must write to shared memory (a memory-mapped file or a
-    ``parallel.shared_array``).
+    ``parallel.shared_array``).  ``product``: the width of ``x * scale`` for every scheme
+    (``scaling.Product``; None keeps each scheme's own, float32 by default).
     """
     workers = default_workers() if workers is None else workers
+    schemes = with_product(schemes, product)
     # what a backend cannot do (formats, rounding modes) is refused before torch is imported
     casts = [resolve(backend, device, s.format, source.size, s.rounding) for s in schemes]
     fast = [False] * len(schemes)  # which schemes the fused CUDA kernel runs
@@ -288,6 +294,14 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     return [merged[i] for i in range(len(schemes))], kept
 
 
+def with_product(schemes: list[Scheme], product: Product | str | None) -> list[Scheme]:
+    """The schemes with their product width set (None: unchanged)."""
+    if product is None:
+        return list(schemes)
+    product = Product(product)
+    return [s if s.product is product else replace(s, product=product) for s in schemes]
+
+
 def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> list[bool]:
     """Which schemes the fused CUDA kernel (``gpu``) takes on this tensor: torch on CUDA,
     blocks along the last axis with amax scales, float32/bfloat16/float16 data."""
@@ -298,7 +312,7 @@ def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> list[
 
     if not available():
         return [False] * len(schemes)
-    return [c == (Backend.TORCH, Device.CUDA)
+    return [c == (Backend.TORCH, Device.CUDA) and s.product is Product.FLOAT32
             and fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
             for s, c in zip(schemes, casts)]
 
@@ -353,14 +367,15 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         _first_pass(reader, chunks, plans, workers,
                     (lambda done: progress(done, total)) if progress else None)
         offset = rows * cols
-    kernels = [ChunkKernel(p, seed, b, d) for p, (b, d) in zip(plans, casts)]
+    kernels = [ChunkKernel(p, seed, b, d, source.name) for p, (b, d) in zip(plans, casts)]
     packed = len(ErrorAccumulator.PACKED)
     records = shared_array((len(chunks), len(plans), packed), np.float64)
     n_workers = max(1, min(workers, len(chunks)))
     hists = shared_array((n_workers, len(plans), HIST_BINS), np.int64)
     long_row = rows == 1 and len(chunks) > 1
     grids = [None if p.is_global else
-             shared_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])), np.float32)
+             shared_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
+                          np.float64 if p.scheme.product is Product.EXACT else np.float32)
              for p in plans]
 
     def task(index: int, worker: int) -> int:
@@ -402,7 +417,8 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
              chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
              progress: Progress | None = None, out: str | None = None,
              out_scheme: int = -1, backend: Backend | str = Backend.NUMPY,
-             device: Device | str = Device.CPU) -> QuantizeResult:
+             device: Device | str = Device.CPU,
+             product: Product | str | None = None) -> QuantizeResult:
     """Quantize every usable tensor under every scheme; with several tensors, a total.
 
     ``progress(done, total)`` counts elements read over all tensors (a tensor with a
@@ -410,9 +426,12 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     ``output.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
     (``.npy``: dequantized values of the single tensor; ``.npz``/``.safetensors``: codes and
     scales of every tensor).  ``backend``/``device``: whose cast stores the scaled values
-    (``backends``; torch runs in this process, one chunk at a time).
+    (``backends``; torch runs in this process, one chunk at a time).  ``product``: the
+    width of ``x * scale`` (``scaling.Product``: float32 by default for every data type,
+    or exact); None keeps each scheme's own.
     """
     keep_freed_memory()
+    schemes = with_product(schemes, product)
     usable = [s for s in sources if s.skipped is None]
     grand_total = sum(s.size for s in usable)
     keep = None if out is None else range(len(schemes))[out_scheme]

@@ -7,26 +7,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .metrics import REL_ERROR_RESOLUTION, ErrorAccumulator
+from .metrics import REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_sum
 
 DISTINCT_CAP = 1 << 16
 
 
 @dataclass
 class ScaleSummary:
-    """Running min / max / distinct count of the scales used (distinct is capped)."""
+    """Running min / max / distinct count of the scales used (distinct is capped).  Scales
+    are float32, or float64 under the exact product; distinct values are kept as float64."""
 
     count: int = 0
     low: float = math.inf
     high: float = -math.inf
-    values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # sorted
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))  # sorted
     capped: bool = False
     nan: int = 0
     counted: bool = True  # False where distinct values were not counted (the CUDA path)
 
     def add(self, scales: np.ndarray) -> None:
         """Fold in an array of scales (any shape)."""
-        s = np.ascontiguousarray(scales, dtype=np.float32).reshape(-1)
+        s = np.ascontiguousarray(scales).reshape(-1)
+        if s.dtype != np.float32:
+            with np.errstate(over="ignore", under="ignore"):
+                narrow = s.astype(np.float32)
+            s = narrow if np.array_equal(narrow, s, equal_nan=True) else s.astype(np.float64)
         self.count += s.size
         nan = np.isnan(s)
         finite = s[~nan] if nan.any() else s
@@ -36,8 +41,9 @@ class ScaleSummary:
             self.high = max(self.high, float(finite.max()))
         if self.capped or not finite.size:
             return
-        bits = finite.view(np.uint32)
-        if not np.any(bits & np.uint32(0x807FFFFF)) and np.all(bits):  # powers of two
+        bits = finite.view(np.uint32) if finite.dtype == np.float32 else None
+        if bits is not None and not np.any(bits & np.uint32(0x807FFFFF)) and np.all(bits):
+            # powers of two
             exponents = np.flatnonzero(np.bincount(bits >> np.uint32(23), minlength=256))
             self._fold(np.ldexp(np.float32(1), exponents.astype(np.int32) - 127))
             return
@@ -48,9 +54,9 @@ class ScaleSummary:
 
     def _fold(self, sorted_values: np.ndarray) -> bool:
         """Merge distinct values in; True once the cap is passed."""
-        self.values = np.union1d(self.values, sorted_values.astype(np.float32))
+        self.values = np.union1d(self.values, sorted_values.astype(np.float64))
         if self.values.size > DISTINCT_CAP:
-            self.capped, self.values = True, np.zeros(0, np.float32)
+            self.capped, self.values = True, np.zeros(0, np.float64)
         return self.capped
 
     def merge(self, other: ScaleSummary) -> None:
@@ -101,15 +107,21 @@ class SchemeStats:
         unbounded error (``metrics``): then mse/rmse/max_abs_error are inf, sqnr_db -inf and
         bias NaN, rather than figures over the finite results that would look better."""
         pairs = acc.finite_pairs
-        mse = acc.sum_err2 / pairs if pairs else math.nan
-        if acc.sum_err2 == 0:
-            sqnr = math.inf if acc.sum_x2 > 0 else math.nan
+        err2, err_power = scaled_sum(acc.sum_err2, acc.sum_err2_big)  # err2 * 2**err_power
+        x2, x_power = scaled_sum(acc.sum_x2, acc.sum_x2_big)
+        rmse = math.ldexp(math.sqrt(err2 / pairs), err_power // 2) if pairs else math.nan
+        # inf where only the root fits in a float64 (errors near 1e300)
+        mse = (err2 / pairs if not err_power else rmse * rmse) if pairs else math.nan
+        if err2 == 0:
+            sqnr = math.inf if x2 > 0 else math.nan
+        elif x2 > 0:
+            sqnr = 10 * (math.log10(x2 / err2) + (x_power - err_power) * math.log10(2))
         else:
-            sqnr = 10 * math.log10(acc.sum_x2 / acc.sum_err2) if acc.sum_x2 > 0 else -math.inf
+            sqnr = -math.inf
         max_abs = acc.max_abs_err if pairs else math.nan
         bias = acc.sum_err / pairs if pairs else math.nan
         if acc.unbounded:
-            mse = max_abs = math.inf
+            mse = rmse = max_abs = math.inf
             sqnr, bias = -math.inf, math.nan
         return cls(
             scheme=scheme.to_dict(), count=acc.count, nonzero=acc.nonzero, zeros=acc.zeros,
@@ -117,7 +129,7 @@ class SchemeStats:
             flushed_fraction=acc.flushed / acc.nonzero if acc.nonzero else 0.0,
             saturated=acc.saturated, overflowed=acc.overflowed, nan_produced=acc.nan_produced,
             median_rel_error=acc.quantile(0.5), p99_rel_error=acc.quantile(0.99),
-            max_abs_error=max_abs, rmse=math.sqrt(mse), mse=mse, sqnr_db=sqnr, bias=bias,
+            max_abs_error=max_abs, rmse=rmse, mse=mse, sqnr_db=sqnr, bias=bias,
             scales=scales.to_dict())
 
     @property

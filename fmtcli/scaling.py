@@ -23,10 +23,24 @@ Rules (``emax_elem`` = floor(log2(max)) of the element format, ``max`` its large
 - ``fixed``: one given scale (delayed scaling computes it from earlier tensors' amax).
 MX exponents are clamped to E8M0's range, 2**-127 .. 2**127.
 
-Scales are float32.  A scale beyond float32's normal range (amax below max / 3.4e38, or a
-huge margin) is clamped into it: the largest float32 (2**127 for power-of-two rules) or the
-smallest normal.  A block whose amax is 0 gets scale 1 (there is nothing to scale; its values
-stay 0).  A block
+The scaled product's width (``Product``), one rule for every command:
+
+- ``float32`` (the default of ``quantize`` and ``scale-search``, for every data type): the
+  data is taken as float32 (float64 data rounded to the nearest float32; data beyond
+  float32's range is a data error that suggests ``exact``), the scale is float32, and
+  ``x * scale`` is one correctly rounded float32 multiplication before the cast, as eager
+  torch kernels compute it.  A float64 and a float32 file of the same values agree.
+  Errors are still measured against the data as stored (float64 stays float64).
+- ``exact`` (the default of ``underflow``, whose values are typed literals): x and the
+  scale are float64 and so is the product: exact for float32 data with float32 scales and
+  for power-of-two scales (24 x 24 bits fit in 53), otherwise rounded once to 53 bits.
+  Scales keep the float32 value of the ``float32`` rule where it lies in float32's normal
+  range, and are float64 where it does not (data beyond float32's range, tiny amaxes).
+
+Scales are float32 (``exact``: see above).  A scale beyond float32's normal range (amax
+below max / 3.4e38, or a huge margin) is clamped into it: the largest float32 (2**127 for
+power-of-two rules) or the smallest normal (``exact``: float64's range instead).  A block
+whose amax is 0 gets scale 1 (there is nothing to scale; its values stay 0).  A block
 holding NaN gets a NaN scale and an infinite amax gives scale 0 (``amax``) or NaN (MX), as the
 real recipes do: such a block comes out NaN or zero, and fmtcli counts it.
 """
@@ -55,9 +69,17 @@ class ScaleRule(str, Enum):
     FIXED = "fixed"
 
 
+class Product(str, Enum):
+    """The width of ``x * scale`` before the cast (module docstring)."""
+
+    FLOAT32 = "float32"
+    EXACT = "exact"
+
+
 MX_RULES = (ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL)
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)
+F64_MAX, F64_TINY = float(np.finfo(np.float64).max), float(np.finfo(np.float64).tiny)
 E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT = -127, 127
 
 
@@ -78,8 +100,9 @@ def _ceil_log2(a: np.ndarray) -> np.ndarray:
 
 
 def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX,
-                  margin: float = 0) -> np.ndarray:
-    """Scale (float32, same shape as ``amax``) for blocks of the element format ``spec``.
+                  margin: float = 0, product: Product | str = Product.FLOAT32) -> np.ndarray:
+    """Scale (same shape as ``amax``) for blocks of the element format ``spec``: float32,
+    or float64 under ``Product.EXACT`` (module docstring).
 
     ``x_q = cast(x * scale) / scale``.  ``margin`` divides the scale by 2**margin, leaving
     headroom above the block's amax (a negative margin clips; fractional margins serve the
@@ -87,6 +110,10 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
     |x| as ``amax``.
     """
     rule = ScaleRule(rule)
+    exact = Product(product) is Product.EXACT
+    if not exact:  # the float32 rule sees the data as float32 (monotone: the same amax)
+        with np.errstate(over="ignore"):
+            amax = np.asarray(amax).astype(np.float32)
     if rule is ScaleRule.FIXED:
         raise UsageError("a fixed scale is given, not computed from amax")
     a = np.asarray(amax, dtype=np.float64)
@@ -114,14 +141,20 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
         raw = raw * 2.0 ** -margin
         if rule not in MX_RULES:  # stay a finite, normal float32 (tiny amax, huge margin)
             top = F32_MAX if rule in (ScaleRule.AMAX, ScaleRule.PERCENTILE) else 2.0 ** 127
-            raw = np.clip(raw, F32_TINY, top)
+            if exact:  # beyond float32's normal range: the float64 value
+                if rule in (ScaleRule.AMAX, ScaleRule.PERCENTILE):
+                    wide = (fmax / ap) * 2.0 ** -margin
+                    raw = np.where((raw >= F32_TINY) & (raw <= top), raw, wide)
+                raw = np.clip(raw, F64_TINY, F64_MAX if top == F32_MAX else 2.0 ** 1023)
+            else:
+                raw = np.clip(raw, F32_TINY, top)
         scale = np.where(positive, raw, scale)
         if rule in MX_RULES:
             scale = np.where(np.isinf(a), np.nan, scale)
         else:
             scale = np.where(np.isinf(a), 0.0, scale)
         scale = np.where(np.isnan(a), np.nan, scale)
-    return scale.astype(np.float32)
+    return scale if exact else scale.astype(np.float32)
 
 
 def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule) -> np.ndarray:

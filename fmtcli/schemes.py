@@ -23,7 +23,7 @@ from enum import Enum
 from .errors import UsageError
 from .formats import FormatSpec, get_format
 from .rounding import OverflowPolicy, RoundingMode
-from .scaling import MX_RULES, ScaleRule
+from .scaling import MX_RULES, Product, ScaleRule
 
 
 class Granularity(str, Enum):
@@ -61,6 +61,7 @@ class Scheme:
     rounding: RoundingMode = RoundingMode.NEAREST_EVEN
     overflow: OverflowPolicy = OverflowPolicy.SATURATE
     recipe: str | None = None
+    product: Product = Product.FLOAT32  # the width of x * scale (scaling.Product)
 
     def __post_init__(self) -> None:
         if self.block < 1:
@@ -133,7 +134,7 @@ class Scheme:
             "scale_rule": self.scale_rule.value, "margin": self.margin,
             "percentile": self.percentile, "fixed_scale": self.fixed_scale,
             "scale_format": self.scale_format.value, "rounding": self.rounding.value,
-            "overflow": self.overflow.value,
+            "overflow": self.overflow.value, "product": self.product.value,
         }
 
 

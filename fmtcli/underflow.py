@@ -1,8 +1,10 @@
 """Will this value survive? Store values in formats, with and without a (loss) scale.
 
 Scale direction, as everywhere in fmtcli: ``x_q = cast(x * scale) / scale``.  The scaled
-value ``x * scale`` is computed in float64 (exact for power-of-two scales, the usual loss
-scales), stored in the format, and divided back.
+value ``x * scale`` follows ``product`` (``scaling.Product``): by default ``exact`` -- the
+values are typed literals, taken in float64, and the product is float64 (exact for
+power-of-two scales, the usual loss scales); ``float32`` rounds the value and the scale to
+float32 and multiplies (and divides back) in float32, as ``fmt quantize`` does by default.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .errors import UsageError
 from .fates import FATES, Fate, classify, classify_scaled, relative_error
 from .formats import FormatSpec
 from .rounding import OverflowPolicy, RoundingMode, apply_range, round_unbounded
+from .scaling import F32_MAX, F32_TINY, Product
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,8 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
                     rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
                     overflow: OverflowPolicy = OverflowPolicy.IEEE,
                     seed: int = 0, backend: Backend | str = Backend.NUMPY,
-                    device: Device | str = Device.CPU) -> UnderflowResult:
+                    device: Device | str = Device.CPU,
+                    product: Product | str = Product.EXACT) -> UnderflowResult:
     """Store each value in each format, unscaled and under each scale.
 
     Returns one row per (value, format, scale); with no scales, one row per (value, format)
@@ -114,9 +118,13 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
         raise UsageError("no formats given")
     if seed < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
+    narrow = Product(product) is Product.FLOAT32
     for scale in scales:
         if not np.isfinite(scale) or scale <= 0:
             raise UsageError(f"a scale must be a positive finite number, got {scale!r}")
+        if narrow and not (F32_TINY <= scale <= F32_MAX):
+            raise UsageError(f"the scale {scale!r} is not a normal float32 (the float32 "
+                             "product)", "use the exact product")
     x = np.asarray(values, dtype=np.float64)
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:
@@ -127,9 +135,14 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
         per_scale = []
         for scale in scales:
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                scaled = x * scale
+                if narrow:  # float32 value times float32 scale, rounded to float32
+                    s32 = np.float32(scale)
+                    scaled = (x.astype(np.float32) * s32).astype(np.float64)
+                else:
+                    scaled = x * scale
                 s_stored, s_rel, s_fate = store(scaled, spec, rounding, overflow, rng, *chosen)
-                recovered = s_stored / scale
+                recovered = ((s_stored.astype(np.float32) / s32).astype(np.float64) if narrow
+                             else s_stored / scale)
             per_scale.append((scale, scaled, s_stored, s_rel, classify_scaled(x, scaled, s_fate),
                               recovered, relative_error(x, recovered)))
         for i, value in enumerate(values):

@@ -327,3 +327,79 @@ def test_formats_without_zero_do_not_count_the_padding():
     d = stats(x, format=get_format("float8_e8m0fnu"), block=3, overflow="saturate")
     assert d["nan_produced"] == 0 and d["count"] == 4
     assert np.isfinite(d["rmse"])
+
+
+# -- items 2, 4c, 14: one product rule; float64 data beyond float32; no RuntimeWarning --------
+
+def test_float32_and_float64_files_of_the_same_values_agree():
+    """[9, 0.375] in e2m1 per tensor: scale fl32(6/9); fl32(0.375 * scale) is 0.25, a tie
+    that flushes; the float64 product 0.2500000075 rounds to 0.5."""
+    kwargs = dict(format=get_format("float4_e2m1fn"), per=Granularity.TENSOR)
+    f32 = stats(np.array([9.0, 0.375], np.float32), **kwargs)
+    f64 = stats(np.array([9.0, 0.375], np.float64), **kwargs)
+    assert f32["flushed"] == f64["flushed"] == 1 and f64["product"] == "float32"
+    scheme = build_scheme(**kwargs)
+    exact = [quantize([source(np.array([9.0, 0.375], dt))], [scheme], workers=1,
+                      product="exact").tensors[0].schemes[0] for dt in (np.float32, np.float64)]
+    assert exact[0].flushed == exact[1].flushed == 0 and exact[0].scheme["product"] == "exact"
+
+
+def test_underflow_product_option():
+    from fmtcli.underflow import underflow_table
+
+    spec = get_format("float4_e2m1fn")
+    scale = float(np.float32(6 / 9))
+    fates = {p: underflow_table([0.375], [spec], scales=[scale], product=p).rows[0]
+             for p in ("exact", "float32")}
+    assert fates["exact"].scaled_store.stored == 0.5
+    assert fates["float32"].scaled_store.stored == 0.0 and not fates["float32"].survives
+    assert underflow_table([0.375], [spec], scales=[scale]).rows[0].scaled_store.stored == 0.5
+
+
+BIG64 = np.array([1e300, -3e299, 5e299], np.float64)
+
+
+@pytest.mark.parametrize("kwargs", [dict(per=Granularity.TENSOR), dict(block=2),
+                                    dict(recipe="mxfp8"), dict(recipe="nvfp4"),
+                                    dict(recipe="rowwise")], ids=str)
+def test_float64_beyond_float32_range(kwargs):
+    import warnings
+
+    from fmtcli.errors import DataError
+
+    scheme = build_scheme(**kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning (overflow in maximum, ...)
+        with pytest.raises(DataError, match=r"'big'.*beyond float32's range") as caught:
+            quantize([source(BIG64, name="big")], [scheme], workers=1)
+        assert "--product exact" in str(caught.value)
+        d = quantize([source(BIG64, name="big")], [scheme], workers=1,
+                     product="exact").tensors[0].schemes[0].to_dict()
+    for key in ("rmse", "sqnr_db", "max_abs_error", "bias", "median_rel_error", "p99_rel_error"):
+        assert not np.isnan(d[key]), key
+    assert d["nan_produced"] == 0 and d["overflowed"] == 0 and np.isfinite(d["rmse"])
+    assert d["scales"]["min"] > 0
+
+
+def test_exact_product_per_tensor_on_huge_data_is_accurate():
+    d = quantize([source(BIG64)], [build_scheme(per=Granularity.TENSOR)], workers=1,
+                 product="exact").tensors[0].schemes[0].to_dict()
+    # scale 448 / 1e300: 5e299 -> 224 exactly, -3e299 -> -134.4 -> -128 in E4M3
+    err = np.array([0.0, 3e299 - 128 / 4.48e-298, 0.0]) / 1e290  # scaled: no overflow
+    assert d["rmse"] == pytest.approx(float(np.sqrt(np.mean(err ** 2))) * 1e290, rel=1e-9)
+    assert d["sqnr_db"] == pytest.approx(
+        10 * np.log10(np.sum((BIG64 / 1e290) ** 2) / np.sum(err ** 2)), rel=1e-9)
+    assert d["saturated"] == 0
+
+
+def test_cli_float64_beyond_float32_has_no_warning(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.npy"
+    np.save(path, BIG64)
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "fmtcli",
+                           "quantize", str(path), "--per", "tensor", "--json"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "RuntimeWarning" not in done.stderr
+    assert done.stderr.startswith("Error:") and len(done.stderr.strip().splitlines()) == 1
