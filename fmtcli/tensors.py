@@ -6,6 +6,11 @@ a checkpoint larger than memory streams chunk by chunk.  Nothing is ever unpickl
 ``np.load(allow_pickle=False)``, ``torch.load(weights_only=True)``; the safetensors reader
 checks every offset against the file's size before mapping anything.
 
+Only regular files are read (a FIFO or ``/dev/zero`` is refused); .npy/.npz headers are
+parsed and bounded by ``npyfile``, text/CSV/JSON by ``textparse``; every message quotes the
+path with ``shown()`` so it stays one line.  A ``.pt`` that needs arbitrary objects unpickled
+is refused with our own message (nothing in it runs).
+
 Tensors that are not real floating point (int64 position ids, bool masks, complex) are
 reported with a ``skipped`` reason instead of failing the run.
 """
