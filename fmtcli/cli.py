@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import replace
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -31,7 +32,7 @@ from .output import check_not_an_input, check_target
 from .quantize import CHUNK_ELEMENTS, quantize
 from .rounding import OverflowPolicy, RoundingMode
 from .scalesearch import HISTORY, Metric, search_scales
-from .scaling import ScaleRule
+from .scaling import Product, ScaleRule
 from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
 from .tensors import example_tensor, load_inputs
 from .underflow import underflow_table
@@ -154,6 +155,11 @@ DeviceOption = Annotated[Device, typer.Option(
     "--device", case_sensitive=False,
     help="Device of the torch backend. auto: the CPU, except that quantize with --backend "
          "auto runs tensors of 2**32 elements or more on a CUDA GPU when torch sees one.")]
+ProductOption = Annotated[Product, typer.Option(
+    "--product", case_sensitive=False,
+    help="Width of x * scale before the cast: 'float32' takes the data and scale as float32 "
+         "and rounds the product to float32 (as eager torch kernels do); 'exact' computes in "
+         "float64 (exact for power-of-two scales and float32 data).")]
 # Options that quantize and scale-search share (their defaults differ: see each --help).
 BlockOption = Annotated[Optional[int], typer.Option(
     "--block", metavar="N", help="One scale per N elements along --axis.",
@@ -351,6 +357,7 @@ def underflow_command(
     seed: SeedOption = 0,
     backend: BackendOption = Backend.NUMPY,
     device: DeviceOption = Device.CPU,
+    product: ProductOption = Product.EXACT,
     json_out: JsonOption = False,
 ) -> None:
     """Will a value survive? What each format stores of it, with and without a scale.
@@ -365,7 +372,8 @@ def underflow_command(
     parsed = parse_values(values)
     scales = parse_values(scale or [])
     specs = resolve_formats(format_names, ARTICLE_FORMATS)
-    result = underflow_table(parsed, specs, scales, rounding, overflow, seed, backend, device)
+    result = underflow_table(parsed, specs, scales, rounding, overflow, seed, backend, device,
+                             product=product)
     emit(json_out, result, "render_underflow")
 
 
@@ -450,6 +458,7 @@ def quantize_command(
     seed: SeedOption = 0,
     backend: BackendOption = Backend.AUTO,
     device: DeviceOption = Device.AUTO,
+    product: ProductOption = Product.FLOAT32,
     chunk: Annotated[int, typer.Option(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,
@@ -490,7 +499,8 @@ def quantize_command(
     progress = StderrProgress("quantizing")
     try:
         result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
-                          progress=progress, out=out, backend=backend, device=device)
+                          progress=progress, out=out, backend=backend, device=device,
+                          product=product)
     finally:
         progress.close()
     emit(json_out, result, "render_quantize", data={**result.to_dict(), "skipped": skipped}
@@ -549,6 +559,7 @@ def scale_search_command(
     keys: KeyOption = None,
     backend: BackendOption = Backend.AUTO,
     device: DeviceOption = Device.CPU,
+    product: ProductOption = Product.FLOAT32,
     workers: WorkersOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -586,8 +597,8 @@ def scale_search_command(
         return
     if block is None and tile is None and per is None:
         per = Per.TENSOR
-    base = build_scheme(format=resolve_one_format(format_name), block=block, tile=tile,
-                        per=granularity(per), axis=axis)
+    base = replace(build_scheme(format=resolve_one_format(format_name), block=block,
+                                tile=tile, per=granularity(per), axis=axis), product=product)
     sources = load_inputs(files, keys) if files else [example_tensor()]
     note_skipped(sources)
     result = search_scales(sources, base, metric, history=history,

@@ -534,3 +534,23 @@ def test_json_is_one_strict_document(args):
     strict_loads(result.stdout)
     for line in result.stderr.splitlines():
         assert line.startswith(("Note:", "Error:")), line
+
+
+# -- --product: the width of x * scale, chosen on the command line (issue 9 item 4c) -----------
+
+@pytest.mark.parametrize("product, flushed", [("float32", 1), ("exact", 0)])
+def test_quantize_product_option(tmp_path, product, flushed):
+    (tmp_path / "t.csv").write_text("9.0\n0.375\n")
+    result = invoke("quantize", tmp_path / "t.csv", "--format", "e2m1", "--per", "tensor",
+                    "--product", product, "--json")
+    assert result.exit_code == 0, result.stderr
+    stats = strict_loads(result.stdout)["tensors"][0]["schemes"][0]
+    assert stats["product"] == product and stats["flushed"] == flushed
+
+
+@pytest.mark.parametrize("command", [["underflow", "1"], ["quantize"], ["scale-search"]])
+def test_product_takes_float32_or_exact(command):
+    assert "--product" in assert_refused(invoke(*command, "--product", "float16"), 2)
+    result = invoke(*command, "--product", "exact", "--json")
+    assert result.exit_code == 0, result.stderr
+    strict_loads(result.stdout)
