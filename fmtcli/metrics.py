@@ -5,8 +5,10 @@ chunkings).  Median and p99 of the relative error come from a histogram whose bi
 top 16 bits of the float32 relative error (sign, exponent and 7 mantissa bits): every bin
 spans a factor of 1 + 2**-7.  A quantile is reported as the lower edge of its bin, so the
 true value q satisfies ``reported <= q < reported * (1 + REL_ERROR_RESOLUTION)`` (exact 0
-and exact 1 -- a flushed value -- come out exactly).  Histograms of chunks add up exactly:
-quantiles do not depend on the chunk size at all.
+and exact 1 -- a flushed value -- come out exactly).  The bin is exact: a relative error
+computed in float32 (or float64) that lands within 8 float32 ulp of a bin edge is redone
+exactly (``_bin_keys``), as the CUDA kernel redoes its fast division.  Histograms of chunks
+add up exactly: quantiles do not depend on the chunk size at all.
 
 Populations:
 - ``count`` every element; ``nonzero`` the finite nonzero inputs, over which relative errors,
@@ -66,6 +68,59 @@ def scaled_sum(small: float, big: float) -> tuple[float, int]:
     if big:
         return math.ldexp(small, -2 * BIG_SHIFT) + big, 2 * BIG_SHIFT
     return small, 0
+
+
+EDGE_ULPS = 8  # a computed relative error this close to a bin edge is checked exactly
+
+
+def _truncated_keys(rel64: np.ndarray) -> np.ndarray:
+    """Bin keys of float64 relative errors, rounding toward zero to float32 (a float64
+    just below a bin edge stays below it, where rounding to nearest would cross it)."""
+    r32 = rel64.astype(np.float32)
+    over = r32 > rel64
+    r32[over] = np.nextafter(r32[over], np.float32(0))
+    return np.right_shift(r32.view(np.uint32), HIST_SHIFT)
+
+
+def _bin_keys(rel: np.ndarray, x: np.ndarray, x_q: np.ndarray) -> np.ndarray:
+    """Histogram keys (top 16 bits of the float32 relative error) that are exact: the bin
+    holding the true |x_q - x| / |x|, not a rounded one.
+
+    ``rel`` was computed in float32 (float32 data: within 3 ulp of the truth) or float64.
+    Elements within ``EDGE_ULPS`` float32 ulp of a bin edge are redone: in float64 for
+    float32 x and x_q (the difference of two float32 values and the quotient's side of an
+    8-bit edge are then decided exactly: |q - edge| >= 2**-48 q unless q == edge), with
+    fractions for float64 data (rare elements).  Zero, one for flushed values, inf and NaN
+    are exact already."""
+    if rel.dtype == np.float32:
+        bits = rel.view(np.uint32)
+        keys = np.right_shift(bits, HIST_SHIFT)
+    else:
+        bits = rel.astype(np.float32).view(np.uint32)  # its low bits: the distance to an edge
+        keys = _truncated_keys(rel)
+    # low 16 bits in [0, EDGE_ULPS) or (2**16 - 1 - EDGE_ULPS, 2**16): three passes
+    candidates = np.flatnonzero(np.bitwise_and(bits + np.uint32(EDGE_ULPS),
+                                               np.uint32((1 << HIST_SHIFT) - 1))
+                                < np.uint32(2 * EDGE_ULPS))
+    if not candidates.size:
+        return keys
+    r = rel[candidates]
+    index = candidates[(r > 0) & (r < np.inf) & (x_q[candidates] != 0)]  # NaN compares False
+    if not index.size:
+        return keys
+    xi, qi = x[index], x_q[index]
+    if xi.dtype == np.float32 and qi.dtype == np.float32:
+        xi, qi = xi.astype(np.float64), qi.astype(np.float64)
+        keys[index] = _truncated_keys(np.abs(qi - xi) / np.abs(xi))
+        return keys
+    from fractions import Fraction
+
+    for i, xv, qv in zip(index.tolist(), xi.tolist(), qi.tolist()):
+        q = abs(Fraction(qv) - Fraction(xv)) / abs(Fraction(xv))
+        key = int(_truncated_keys(np.array([float(q)]))[0])
+        edge = Fraction(float(np.uint32(key << HIST_SHIFT).view(np.float32)))
+        keys[i] = key - 1 if q < edge else key
+    return keys
 
 
 @dataclass
@@ -153,9 +208,7 @@ class ErrorAccumulator:
             rel = np.divide(abs_err, np.abs(x), out=abs_err)
         else:
             rel = np.abs(x_q - x) / np.abs(x)
-        if rel.dtype != np.float32:
-            rel = rel.astype(np.float32)
-        counts = np.bincount(np.right_shift(rel.view(np.uint32), HIST_SHIFT), minlength=HIST_BINS)
+        counts = np.bincount(_bin_keys(rel, x, x_q), minlength=HIST_BINS)
         if self.hist is None:
             self.hist = np.zeros(HIST_BINS, dtype=np.int64)
         self.hist += counts
