@@ -96,7 +96,9 @@ def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
     scheme = plan.scheme
     if scheme.scale_format is ScaleFormat.E4M3_FP32:
         # NVFP4: decode scale per block d = e4m3(amax / max_elem * g), g the tensor scale;
-        # the element is cast(x * g / d).  A block whose d underflows to 0 decodes to 0.
+        # the element is cast(x * g / d).  d may be an E4M3 subnormal or 0, as Transformer
+        # Engine computes it (torchao clamps d up to 2**-6, E4M3's smallest normal; blocks far
+        # below the tensor's amax then differ).  A block whose d underflows to 0 decodes to 0.
         # Its scale g / 0 is inf; the kernel writes its x_q as 0.
         g = np.float32(plan.tensor_scale)
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):

@@ -23,6 +23,10 @@ Special values, by format kind:
 - NaN input stays NaN.  In a format without a NaN code (FP6, FP4) the value returned is
   still NaN, to flag that the format cannot hold it (ml_dtypes silently stores a zero there;
   ``encode`` gives that code too, as the only one the hardware could write).
+- formats with no mantissa bits (E8M0, custom ``e7m0``): "nearest-even" has no even
+  neighbour to prefer (every grid point is a power of two, each with mantissa 0), so a tie
+  (1.5 * 2**k) goes up in magnitude, to 2**(k+1), as ml_dtypes and torch do; IEEE 754
+  leaves this case undefined.
 - unsigned formats (E8M0): negative inputs are NaN; formats without zero (E8M0): 0 is NaN
   and positive values below the smallest become the smallest (as ml_dtypes).
 """
