@@ -533,3 +533,13 @@ def test_mx_matches_the_ocp_spec_reimplemented(recipe, fmt, emax, tmp_path):
     fmax = float(ml_dtypes.finfo(getattr(ml_dtypes, fmt)).max)
     q = np.clip(blocks / X, -fmax, fmax).astype(getattr(ml_dtypes, fmt)).astype(np.float64)
     np.testing.assert_array_equal(ours, (q * X).astype(np.float32).reshape(x.shape))
+
+
+def test_nvfp4_on_subnormal_data_warns_nothing():
+    import warnings
+
+    x = np.full(33, 1e-42, np.float32)  # every block decodes to 0: scales inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = stats(x, recipe="nvfp4")
+    assert d["flushed"] == 33 and d["nan_produced"] == 0
