@@ -18,11 +18,12 @@ relative error ``|x_q - x| / |x|``.  Every block of threads keeps the bins where
 relative errors fall (2**-32 up to 1, 4096 bins, 16 KiB of shared memory) plus slots for
 zero inputs, flushed values (relative error exactly 1) and exact results; every element
 adds 1 to one of them.  The relative error is taken with the fast reciprocal (1 ulp) and
-redone as an IEEE division when it lands within 8 ulp of a bin edge, so every element
-lands in the bin the CPU gives it: the histogram, and so the quantiles, equal the CPU
-engine's exactly.  The block's totals go to the device with one atomic each; the last
-block to finish copies them into page-locked, device-mapped host memory and zeroes them
-for the next launch, so a call is one launch and one wait.
+redone in float64 (difference and quotient, truncated to float32) when it lands within 8 ulp
+of a bin edge, as the CPU engine does, so every element lands in the bin the CPU gives it:
+the histogram, and so the quantiles, equal the CPU engine's exactly.  The block's totals go
+to the device with one atomic each; the last block to finish copies them into page-locked,
+device-mapped host memory and zeroes them for the next launch, so a call is one launch and
+one wait.
 
 Blocks with inf or NaN, extreme magnitudes (outside 2**-60..2**60) or values scaled past
 the rounding threshold take a careful path: IEEE divisions, float64 sums, every count.
@@ -165,10 +166,14 @@ struct Totals {
     u32 scale_max, scale_min_inv;
 };
 
-// One nonzero, finite, not flushed relative error |err| / |x| into the histogram, with an
-// IEEE division: the shared window, else the global histogram (inf/NaN: the host ranks it).
-__device__ __forceinline__ void histogram_exact(float ae, float ax, u32* window, u64* out) {
-    const u32 key = __float_as_uint(__fdiv_rn(ae, ax)) >> 16;
+// One nonzero, finite, not flushed relative error |xq - x| / |x| into the histogram, its
+// bin decided exactly as the CPU engine decides it (metrics._bin_keys): the difference and
+// the quotient in float64, truncated toward zero to float32 (a quotient just below a bin
+// edge stays in the bin below, where a float32 division could round up onto the edge).
+// Into the shared window, else the global histogram (inf/NaN: the host ranks it).
+__device__ __forceinline__ void histogram_exact(float xq, float xv, u32* window, u64* out) {
+    const double q = fabs((double)xq - (double)xv) / fabs((double)xv);
+    const u32 key = __float_as_uint(__double2float_rz(q)) >> 16;
     if (key - WINDOW_LOW < WINDOW) {
         atomicAdd(&window[key - WINDOW_LOW], 1u);
     } else if (key < 0x7f80u) {
@@ -197,7 +202,7 @@ __device__ __forceinline__ float divide_clean(float r, float s, float y) {
 // every element adds 1 to one slot of the shared window -- its relative error's bin, or
 // the slot for zero inputs, flushed values, exact results, or (rare) relative errors that
 // the fast reciprocal (1 ulp) puts within 8 ulp of a bin edge or outside the window, which
-// are then redone with an IEEE division.
+// are then redone in float64 (histogram_exact).
 __device__ __forceinline__ void chunk_clean(const float* x, const float* scale,
                                             const float* recip, Totals& t, const Params& p,
                                             u32* window, u64* out) {
@@ -241,7 +246,7 @@ __device__ __forceinline__ void chunk_clean(const float* x, const float* scale,
             const u32 bits = __float_as_uint(__fmul_rn(ae, inv));
             const bool near = ((bits + 8u) & 0xffffu) < 16u
                               || (bits >> 16) - WINDOW_LOW >= WINDOW;
-            if (near && ae != 0.f && r[i] != 0.f) histogram_exact(ae, ax, window, out);
+            if (near && ae != 0.f && r[i] != 0.f) histogram_exact(xq, x[i], window, out);
         }
     }
 }
@@ -276,7 +281,7 @@ __device__ __forceinline__ void chunk_general(const float* x, const float* scale
         t.flushed_or_zero += (population && xq == 0.f) || xv == 0.f;
         t.err0_or_zero += (population && ae == 0.f) || xv == 0.f;
         if (population && ae != 0.f && finite_err && xq != 0.f)
-            histogram_exact(ae, ax, window, out);
+            histogram_exact(xq, xv, window, out);
     }
 }
 
@@ -671,9 +676,12 @@ def _unpack(head: np.ndarray, hist: np.ndarray, count: int, block: int
     # population elements whose relative error is inf or NaN (x_q inf/NaN) rank last, past
     # the finite bins, as on the CPU
     hist[FINITE_BINS] += nonzero - binned - int(window.sum()) - exact - flushed
+    # finite inputs whose result is inf or NaN (a block holding NaN has a NaN scale): an
+    # unbounded error, as metrics counts it
     acc = ErrorAccumulator(count=count, nonzero=nonzero, zeros=zeros,
                            nonfinite_inputs=nonfinite, flushed=flushed, saturated=beyond,
-                           nan_produced=nan, finite_pairs=pairs, sum_err=sum_err,
+                           nan_produced=nan, unbounded=count - nonfinite - pairs,
+                           finite_pairs=pairs, sum_err=sum_err,
                            sum_err2=sum_err2, sum_x2=sum_x2, max_abs_err=_float(max_err),
                            hist=hist)
     n_blocks = count // block

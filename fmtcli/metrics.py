@@ -39,12 +39,14 @@ REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT)  # bin width relative to its lo
 
 BIG = 2.0 ** 500  # float64 values from here on have squares summed scaled (no overflow)
 BIG_SHIFT = 600  # ... as (v * 2**-600)**2: sums of squares are small + big * 2**1200
+TINY_SUM = 2.0 ** -800  # a float64 chunk's sum of squares below this is redone scaled up
 
 
-def _sum_of_squares(values: np.ndarray, largest: float | None) -> tuple[float, float]:
-    """(small, big): the sum of squares of one chunk (at most 2**40 values) is
-    ``small + big * 2**(2 * BIG_SHIFT)``, so float64 data near its top (1e300) does not
-    overflow; big is 0 for every float32 chunk.
+def _sum_of_squares(values: np.ndarray, largest: float | None) -> tuple[float, float, float]:
+    """(small, big, tiny): the sum of squares of one chunk (at most 2**40 values) is
+    ``small + big * 2**(2 * BIG_SHIFT) + tiny * 2**(-2 * BIG_SHIFT)``, so float64 data near
+    its top (1e300) does not overflow and data near its bottom (1e-300) does not underflow
+    to a sum of 0; big and tiny are 0 for every float32 chunk.
 
     float32 squares summed pairwise in float32 (relative error ~1e-7) when the largest value
     L lies in [2**-23, 2**50]: then every square that float32 flushes is below
@@ -53,21 +55,27 @@ def _sum_of_squares(values: np.ndarray, largest: float | None) -> tuple[float, f
     """
     if (largest is not None and 2.0 ** -23 <= largest <= 2.0 ** 50
             and values.dtype == np.float32):
-        return float(np.add.reduce(np.square(values), dtype=np.float32)), 0.0
+        return float(np.add.reduce(np.square(values), dtype=np.float32)), 0.0, 0.0
     if values.dtype == np.float64 and not (largest is not None and largest < BIG):
         big = np.abs(values) >= BIG
         if big.any():
             scaled = np.ldexp(values[big], -BIG_SHIFT)
             return (float(np.sum(np.square(values[~big]))),
-                    float(np.sum(np.square(scaled))))
-    return float(np.sum(np.square(values, dtype=np.float64))), 0.0
+                    float(np.sum(np.square(scaled))), 0.0)
+    total = float(np.sum(np.square(values, dtype=np.float64)))
+    if values.dtype == np.float64 and total < TINY_SUM:  # every |v| < 2**-400: scale up
+        return 0.0, 0.0, float(np.sum(np.square(np.ldexp(values, BIG_SHIFT))))
+    return total, 0.0, 0.0
 
 
-def scaled_sum(small: float, big: float) -> tuple[float, int]:
-    """``small + big * 2**(2 * BIG_SHIFT)`` as (value, power of two) for logs and roots."""
+def scaled_sum(small: float, big: float, tiny: float = 0.0) -> tuple[float, int]:
+    """``small + big * 2**(2 * BIG_SHIFT) + tiny * 2**(-2 * BIG_SHIFT)`` as (value, power of
+    two) for logs and roots."""
     if big:
         return math.ldexp(small, -2 * BIG_SHIFT) + big, 2 * BIG_SHIFT
-    return small, 0
+    if small or not tiny:
+        return small + math.ldexp(tiny, -2 * BIG_SHIFT), 0
+    return tiny, -2 * BIG_SHIFT
 
 
 EDGE_ULPS = 8  # a computed relative error this close to a bin edge is checked exactly
@@ -142,6 +150,8 @@ class ErrorAccumulator:
     sum_x2: float = 0.0
     sum_err2_big: float = 0.0  # squares of errors >= BIG, scaled by 2**(-2 * BIG_SHIFT)
     sum_x2_big: float = 0.0
+    sum_err2_tiny: float = 0.0  # squares of tiny float64 errors, scaled by 2**(2 * BIG_SHIFT)
+    sum_x2_tiny: float = 0.0
     max_abs_err: float = 0.0
     hist: np.ndarray | None = field(default_factory=lambda: np.zeros(HIST_BINS, dtype=np.int64))
 
@@ -193,17 +203,19 @@ class ErrorAccumulator:
         abs_err = np.abs(finite_err, out=finite_err)
         max_err = float(abs_err.max()) if abs_err.size else 0.0
         self.max_abs_err = max(self.max_abs_err, max_err)
-        small, big = _sum_of_squares(abs_err, max_err)
+        small, big, tiny = _sum_of_squares(abs_err, max_err)
         self.sum_err2 += small
         self.sum_err2_big += big
+        self.sum_err2_tiny += tiny
         if finite_x is x:  # the same for every scheme of this chunk (padding adds zeros)
             if "sum_x2" not in shared:
                 shared["sum_x2"] = _sum_of_squares(x, x_max)
-            small, big = shared["sum_x2"]
+            small, big, tiny = shared["sum_x2"]
         else:
-            small, big = _sum_of_squares(finite_x, x_max)
+            small, big, tiny = _sum_of_squares(finite_x, x_max)
         self.sum_x2 += small
         self.sum_x2_big += big
+        self.sum_x2_tiny += tiny
         if finite_err is err:
             rel = np.divide(abs_err, np.abs(x), out=abs_err)
         else:
@@ -221,7 +233,8 @@ class ErrorAccumulator:
 
     COUNTS = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
               "overflowed", "nan_produced", "unbounded", "finite_pairs")
-    SUMMED = COUNTS + ("sum_err", "sum_err2", "sum_x2", "sum_err2_big", "sum_x2_big")
+    SUMMED = COUNTS + ("sum_err", "sum_err2", "sum_x2", "sum_err2_big", "sum_x2_big",
+                       "sum_err2_tiny", "sum_x2_tiny")
     PACKED = SUMMED + ("max_abs_err",)
 
     def pack(self, out: np.ndarray) -> None:

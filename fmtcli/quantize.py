@@ -210,13 +210,18 @@ def needs_first_pass(plan: Plan) -> bool:
 
 def histogram_percentile(counts: np.ndarray, q: float) -> float:
     """The q-th percentile (percent) of |x| from a histogram of its float32 top 16 bits: the
-    upper edge of the bin holding it (within 2**-7 relative; NaN bins ignored)."""
+    upper edge of the bin holding it (within 2**-7 relative; NaN bins ignored).  A percentile
+    in the lowest bin, which holds the zeros (and float32 values below ~9.2e-41), is 0: the
+    block then has nothing to scale and gets scale 1, as an amax of 0 does (the bin's upper
+    edge would give a scale of ~3.4e38 for a tensor of zeros)."""
     finite = counts[:FINITE_BINS]
     total = int(finite.sum())
     if total == 0:
         return 0.0
     rank = max(1, math.ceil(Fraction(repr(q)) * total / 100))  # exact: 99.9% of 4000 is 3996
     index = int(np.searchsorted(np.cumsum(finite), rank))
+    if index == 0:
+        return 0.0
     return float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
 
 

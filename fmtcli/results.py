@@ -108,10 +108,11 @@ class SchemeStats:
         unbounded error (``metrics``): then mse/rmse/max_abs_error are inf, sqnr_db -inf and
         bias NaN, rather than figures over the finite results that would look better."""
         pairs = acc.finite_pairs
-        err2, err_power = scaled_sum(acc.sum_err2, acc.sum_err2_big)  # err2 * 2**err_power
-        x2, x_power = scaled_sum(acc.sum_x2, acc.sum_x2_big)
+        # sums of squares as value * 2**power (float64 data near 1e300 or 1e-300)
+        err2, err_power = scaled_sum(acc.sum_err2, acc.sum_err2_big, acc.sum_err2_tiny)
+        x2, x_power = scaled_sum(acc.sum_x2, acc.sum_x2_big, acc.sum_x2_tiny)
         rmse = math.ldexp(math.sqrt(err2 / pairs), err_power // 2) if pairs else math.nan
-        # inf where only the root fits in a float64 (errors near 1e300)
+        # inf (0) where only the root fits in a float64 (errors near 1e300, 1e-300)
         mse = (err2 / pairs if not err_power else rmse * rmse) if pairs else math.nan
         if err2 == 0:
             sqnr = math.inf if x2 > 0 else math.nan

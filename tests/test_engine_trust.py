@@ -543,3 +543,45 @@ def test_nvfp4_on_subnormal_data_warns_nothing():
         warnings.simplefilter("error")
         d = stats(x, recipe="nvfp4")
     assert d["flushed"] == 33 and d["nan_produced"] == 0
+
+
+TINY64 = np.array([1e-300, 2e-310, -3e-300], np.float64)
+
+
+def test_exact_product_per_tensor_on_tiny_data_is_accurate():
+    """float64 data near the bottom of float64: the squares of values and errors underflow
+    a plain float64 sum (RMSE 0 and SQNR NaN before); they are summed scaled up."""
+    from fractions import Fraction
+
+    d = quantize([source(TINY64)], [build_scheme(per=Granularity.TENSOR)], workers=1,
+                 product="exact").tensors[0].schemes[0].to_dict()
+    x_q = np.array(quantize_values(TINY64))
+    err = [Fraction(float(q)) - Fraction(float(v)) for q, v in zip(x_q, TINY64)]
+    mse = sum(e * e for e in err) / 3
+    power = sum(Fraction(float(v)) ** 2 for v in TINY64)
+    assert float(err[0]) != 0.0  # something to measure
+    rmse = np.sqrt(float(mse * 2 ** 1200)) * 2.0 ** -600  # mse itself underflows float64
+    assert d["rmse"] == pytest.approx(rmse, rel=1e-9)
+    assert d["sqnr_db"] == pytest.approx(10 * np.log10(float(power / sum(e * e for e in err))),
+                                         rel=1e-9)
+    assert d["max_abs_error"] == pytest.approx(max(abs(float(e)) for e in err), rel=1e-12)
+
+
+def quantize_values(x):
+    """The dequantized values of one tensor under per-tensor amax scaling, exact product, as
+    ``--out x.npy`` would hold them (float64 here: the exact rule keeps float64)."""
+    spec = get_format("float8_e4m3fn")
+    amax = float(np.max(np.abs(x)))
+    scale = spec.max / amax
+    from fmtcli.rounding import round_to_format
+
+    return round_to_format(x * scale, spec, overflow="saturate") / scale
+
+
+def test_percentile_scale_of_an_all_zero_tensor_is_one():
+    """An all-zero tensor's per-tensor percentile lies in the histogram's lowest bin: it is 0
+    (scale 1, nothing to scale), not the bin's upper edge (scale ~3.4e38)."""
+    d = stats(np.zeros(1000, np.float32), per=Granularity.TENSOR,
+              scale_rule=ScaleRule.PERCENTILE, percentile=99.9)
+    assert d["scales"]["min"] == d["scales"]["max"] == 1.0
+    assert d["flushed"] == 0 and d["nan_produced"] == 0
