@@ -1,10 +1,12 @@
 """Write quantization results to files, atomically and never over the user's data.
 
-- ``.npy``: the dequantized values ``x_q`` (float32) of one tensor, written chunk by chunk
-  into a memory-mapped temporary file.
+- ``.npy``: the dequantized values ``x_q`` of one tensor, written chunk by chunk into a
+  memory-mapped temporary file: float32, or float64 for float64 data under ``--product
+  exact`` (whose x_q float32 may not hold, e.g. 1e-300).
 - ``.npz`` / ``.safetensors``: for every tensor ``<key>.codes`` (the raw element codes,
-  uint8 for formats of up to 8 bits) and ``<key>.scales`` (float32, one per tile, in the
-  direction ``x_q = decode(codes) / scales``).  The .safetensors metadata records the format,
+  uint8 for formats of up to 8 bits) and ``<key>.scales`` (one per tile, in the direction
+  ``x_q = decode(codes) / scales``; float32, or float64 where float32 cannot hold the
+  scales of ``--product exact``).  The .safetensors metadata records the format,
   scheme and tile of each tensor.
 
 Every file is written to a temporary name (``.fmtcli-*``) in the target directory and
@@ -147,12 +149,12 @@ class NpyWriter:
     """Streams one tensor's dequantized values into a .npy (temporary until ``close``; a
     failure at any step removes the temporary: ``abort`` for the caller's own failures)."""
 
-    def __init__(self, path: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, path: str, shape: tuple[int, ...], dtype=np.float32) -> None:
         self.path = path
         self.temporary = _temporary(path)
         try:
             self.array = np.lib.format.open_memmap(self.temporary, mode="w+",
-                                                   dtype=np.float32, shape=shape)
+                                                   dtype=dtype, shape=shape)
             _reserve(self.temporary)
         except (OSError, ValueError) as error:
             self.abort()
@@ -184,13 +186,25 @@ class NpyWriter:
         _remove(self.temporary)
 
 
+def _scales_array(scales) -> np.ndarray:
+    """Scales as stored: float32, unless float32 cannot hold them exactly (float64 scales of
+    ``--product exact``, e.g. 448 / 1e-300), then float64, so that
+    ``x_q = decode(codes) / scales`` stays true of the file."""
+    s = np.asarray(scales)
+    with np.errstate(over="ignore", under="ignore"):
+        s32 = s.astype(np.float32)
+    if s.dtype == np.float64 and not np.array_equal(s32.astype(np.float64), s, equal_nan=True):
+        return np.ascontiguousarray(s)
+    return np.ascontiguousarray(s32)
+
+
 def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict]]) -> None:
     """Write (key, codes, scales, description) per tensor to .npz or .safetensors."""
     arrays: dict[str, np.ndarray] = {}
     metadata: dict[str, str] = {"fmtcli": "x_q = decode(codes) / scales"}
     for key, codes, scales, description in tensors:
         arrays[f"{key}.codes"] = np.ascontiguousarray(codes)
-        arrays[f"{key}.scales"] = np.ascontiguousarray(scales, dtype=np.float32)
+        arrays[f"{key}.scales"] = _scales_array(scales)
         metadata[key] = json.dumps(description)
     temporary = _temporary(path)
     try:
@@ -209,7 +223,8 @@ def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict
 
 
 _ST_CODES = {np.dtype(np.uint8): "U8", np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32",
-             np.dtype(np.uint64): "U64", np.dtype(np.float32): "F32"}
+             np.dtype(np.uint64): "U64", np.dtype(np.float32): "F32",
+             np.dtype(np.float64): "F64"}
 
 
 def _write_safetensors(path: str, arrays: dict[str, np.ndarray], metadata: dict) -> None:

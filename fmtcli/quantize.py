@@ -455,7 +455,9 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
             continue
         writer = sink = codes = None
         if keep is not None and to_npy:
-            writer = NpyWriter(out, source.shape)
+            wide = (source.dtype == "float64"
+                    and schemes[keep].product is Product.EXACT)  # x_q in float64
+            writer = NpyWriter(out, source.shape, np.float64 if wide else np.float32)
             sink = writer.write
         elif keep is not None:
             rows, cols = matrix_shape(source.shape)

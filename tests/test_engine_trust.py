@@ -585,3 +585,28 @@ def test_percentile_scale_of_an_all_zero_tensor_is_one():
               scale_rule=ScaleRule.PERCENTILE, percentile=99.9)
     assert d["scales"]["min"] == d["scales"]["max"] == 1.0
     assert d["flushed"] == 0 and d["nan_produced"] == 0
+
+
+def test_exact_product_outputs_keep_float64(tmp_path):
+    """--product exact on float64 data far below float32's range: the .npy holds float64
+    x_q and the .npz float64 scales, so both agree with the statistics (float32 files
+    would hold zeros and a zero scale)."""
+    from fmtcli.rounding import decode
+
+    scheme = build_scheme(per=Granularity.TENSOR)
+    npy, npz = str(tmp_path / "q.npy"), str(tmp_path / "q.npz")
+    quantize([source(TINY64)], [scheme], workers=1, out=npy, product="exact")
+    quantize([source(TINY64)], [scheme], workers=1, out=npz, product="exact")
+    values = np.load(npy)
+    assert values.dtype == np.float64
+    np.testing.assert_array_equal(values, quantize_values(TINY64))
+    with np.load(npz) as archive:
+        codes, scales = archive["mem.codes"], archive["mem.scales"]
+    assert scales.dtype == np.float64 and scales[0, 0] == 448 / 3e-300
+    np.testing.assert_array_equal(decode(codes, get_format("float8_e4m3fn")) / scales[0, 0],
+                                  values)
+    # float32-representable scales stay float32
+    quantize([source(TINY64 * 1e290)], [scheme], workers=1, out=str(tmp_path / "b.npz"),
+             product="float32")
+    with np.load(tmp_path / "b.npz") as archive:
+        assert archive["mem.scales"].dtype == np.float32
