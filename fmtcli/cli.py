@@ -426,8 +426,9 @@ def quantize_command(
     per: PerOption = None,
     axis: AxisOption = None,
     scale_rule: Annotated[Optional[ScaleRule], typer.Option(
-        "--scale-rule", case_sensitive=False,
-        help="How a block's amax sets its scale.  [default: amax]")] = None,
+        "--scale-rule", case_sensitive=False, metavar="RULE",
+        help="How a block's amax sets its scale: " + ", ".join(r.value for r in ScaleRule)
+        + " (see the README).  [default: amax]", show_default=False)] = None,
     margin: Annotated[Optional[int], typer.Option(
         "--margin", min=0, max=64, help="Divide scales by 2**margin (headroom), 0..64.")] = None,
     percentile: Annotated[Optional[float], typer.Option(
@@ -552,7 +553,9 @@ def scale_search_command(
         "--over-first-axis", help="Treat the first axis of one tensor as a sequence of "
         "steps (for delayed scaling).")] = False,
     loss_scale: Annotated[bool, typer.Option(
-        "--loss-scale", help="Sweep loss scales 2^0..2^32 over gradients instead.")] = False,
+        "--loss-scale", help="Sweep loss scales 2^0..2^32 over gradients instead; recommends "
+        "the safe scale (one binade of headroom) that flushes least, then has the fewest "
+        "subnormals.")] = False,
     histogram: Annotated[bool, typer.Option(
         "--histogram", help="With --loss-scale: a histogram of log2|g| with the format's "
         "regions.")] = False,
@@ -566,7 +569,8 @@ def scale_search_command(
     """Which scale should I use? Candidate scale rules side by side, the best marked.
 
     x_q = cast(x * scale) / scale.  Rules: amax (and margins 1..3), powers of two, MX
-    E8M0, percentile clipping, delayed scaling (for a sequence of tensors) and an MSE
+    E8M0, percentile clipping, delayed scaling (over steps: several files of one tensor
+    each, of one shape, or --over-first-axis; not a checkpoint's tensors) and an MSE
     search.  Default granularity: one scale per tensor.  --loss-scale: which loss scale
     keeps FP16 gradients from flushing or overflowing.  Every candidate rounds to
     nearest-even.  Tensors that are not floating point are skipped with a note on stderr.

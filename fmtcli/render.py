@@ -490,7 +490,7 @@ def render_loss_scale(result, histogram: bool = False):
                       percent_text(row["subnormal_fraction"]),
                       Text(percent_text(row[f"{lost}_fraction"]), style=style),
                       percent_text(row["kept_fraction"]),
-                      Text(", ".join(marks), style="bold green" if marks else ""))
+                      Text("\n".join(marks), style="bold green" if marks else ""))
     safe = data["safe_range"]
     g = data["grad_scaler"]
     lines = [f"safe scales (no {'saturation' if clips else 'overflow'}): "
@@ -510,7 +510,7 @@ def render_loss_scale(result, histogram: bool = False):
                      f"overflow) settles at 2^{g['settles_at_log2']} after about "
                      f"{steps:,} step{'' if steps == 1 else 's'}"
                      + (" (the top of the sweep)" if g["capped_at_sweep"] else ""))
-    parts = [table, Text("\n".join(lines))]
+    parts = [Fit(table), Text("\n".join(lines))]  # a mark per line: fits 80 columns
     if histogram:
         parts.append(render_log2_histogram(data, best_safe))
     return Group(*parts)
