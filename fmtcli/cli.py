@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import replace
 from enum import Enum
 from typing import Annotated, Optional
@@ -23,7 +24,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 from . import __version__
 from .backends import Backend, Device
 from .conformance import check_backends
-from .errors import FmtError, UsageError, one_line, shown
+from .errors import DataError, FmtError, UsageError, one_line, shown
 from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_value, parse_values
@@ -95,14 +96,36 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             typer.echo("Aborted.", err=True)
             return 1
+        except BrokenPipeError:  # the reader of stdout went away (fmt ... | head): quietly
+            _discard_stdout()
+            return 1
         except typer.TyperException as error:  # the parser's usage errors
             ctx = getattr(error, "ctx", None)
             if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
-                typer.echo(ctx.get_help())  # plain 'fmt': the help, on stdout
+                try:
+                    with writing_results():
+                        typer.echo(ctx.get_help())  # plain 'fmt': the help, on stdout
+                except FmtError as failed:
+                    error_line(failed)
+                    return failed.exit_code
                 return 0
             command = ctx.command_path if ctx is not None else "fmt"
             error_line(f"{error.format_message()} (see '{command} --help')")
             return getattr(error, "exit_code", 2)
+        except MemoryError:
+            if show_tracebacks():
+                raise
+            error_line("out of memory: the input or the options need more memory than this "
+                       "process may have (try a smaller --chunk, fewer --workers or fewer "
+                       "values)")
+            return 1
+        except OSError as error:  # the system refused a read or write (--help > /dev/full)
+            if show_tracebacks():
+                raise
+            _discard_stdout()
+            where = f" ({shown(error.filename)})" if error.filename else ""
+            error_line(f"{error.strerror or error}{where}")
+            return 1
         except Exception as error:
             if show_tracebacks():
                 raise
@@ -297,20 +320,51 @@ def note_skipped(sources) -> list[dict]:
 MAX_SKIP_NOTES = 20
 
 
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that what is left in its buffer cannot fail again when
+    Python flushes it at exit ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests)
+        pass
+
+
+@contextmanager
+def writing_results():
+    """Write results to stdout, flushed before leaving.  A reader that went away (``fmt
+    range | head -1``) ends the command quietly (BrokenPipeError, exit 1, as the group
+    handles it); any other failed write (a full disk: ``> /dev/full``) is a data error
+    of one line, not an internal one."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        raise
+    except OSError as error:
+        _discard_stdout()
+        raise DataError("cannot write the results to standard output "
+                        f"({error.strerror or error})") from None
+
+
 def emit(json_out: bool, result, renderer: str, data=None) -> None:
     """Print ``result``'s JSON (``data`` if given, else ``result.to_dict()``), or the rich
     table that ``render.<renderer>(result)`` builds."""
-    if json_out:
-        typer.echo(dumps(data if data is not None else result.to_dict()))
-    else:
-        from . import render
+    with writing_results():
+        if json_out:
+            typer.echo(dumps(data if data is not None else result.to_dict()))
+        else:
+            from . import render
 
-        stdout_console().print(getattr(render, renderer)(result))
+            stdout_console().print(getattr(render, renderer)(result))
 
 
 def version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"fmtcli {__version__}")
+        with writing_results():
+            typer.echo(f"fmtcli {__version__}")
         raise typer.Exit()
 
 
@@ -597,7 +651,8 @@ def scale_search_command(
         else:
             from . import render
 
-            stdout_console().print(render.render_loss_scale(result, histogram))
+            with writing_results():
+                stdout_console().print(render.render_loss_scale(result, histogram))
         return
     if block is None and tile is None and per is None:
         per = Per.TENSOR

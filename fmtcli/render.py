@@ -17,6 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from .errors import one_line
 from .fates import Fate
 from .formats import FormatSpec
 from .underflow import Stored, UnderflowResult
@@ -304,8 +305,17 @@ _STAT_ROWS = [
 ]
 
 
+def user_text(text: object) -> str:
+    """A name the user's data chose (a file path, a checkpoint key) as a table shows it:
+    control characters, newlines and bidi overrides escaped (no terminal escape, no broken
+    line), and more than 240 characters cut in the middle with a count.  Pass it to rich
+    inside a ``Text`` so that brackets are not read as markup."""
+    return one_line(text, 240)
+
+
 def _tensor_title(tensor: dict) -> Text:
-    name = tensor["source"] + (f" : {tensor['key']}" if tensor.get("key") else "")
+    name = user_text(tensor["source"]) + (f" : {user_text(tensor['key'])}"
+                                           if tensor.get("key") else "")
     shape = "x".join(str(d) for d in tensor["shape"]) or "scalar"
     return Text(f"{name}  ({shape}, {tensor['dtype']})")  # a Text: no markup in user names
 
@@ -330,7 +340,7 @@ def render_quantize(result) -> Fit:
         caption += f"; quantiles to within +{first.rel_error_resolution:.2%}"
     if len(result.quantized) == 1 and result.total is None:
         return _render_one_tensor(result.quantized[0], caption)
-    rows = [(Text(t.tensor["key"] or t.tensor["source"]),
+    rows = [(Text(user_text(t.tensor["key"] or t.tensor["source"])),
              "x".join(str(d) for d in t.tensor["shape"]) or "scalar", t.schemes)
             for t in result.quantized]
     if result.total:
@@ -416,7 +426,7 @@ def render_scale_search(result) -> Fit | Text:
 
     def layout(compact: bool) -> Table:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
-                      caption=caption + ("\n* best" if compact and data["best"] else ""),
+                      caption=Text(caption + ("\n* best" if compact and data["best"] else "")),
                       caption_justify="left", show_edge=not compact,
                       padding=(0, 1 if not compact else 0), pad_edge=not compact)
         table.add_column("rule", no_wrap=True)
