@@ -14,6 +14,7 @@ from rich import box
 from rich.cells import cell_len
 from rich.console import Group
 from rich.measure import Measurement
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -35,6 +36,8 @@ class Fit:
 
     def __rich_console__(self, console, options):
         for table in self.layouts:
+            if _longest_words(table) > options.max_width:
+                continue  # cheap: tens of thousands of rows (underflow of many values)
             unclamped = options.update_width(1 << 16)
             if Measurement.get(console, unclamped, table).minimum > options.max_width:
                 continue  # rich would squeeze a column below its longest word
@@ -42,12 +45,30 @@ class Fit:
             text = "".join(segment.text for line in lines for segment in line)
             if ELLIPSIS not in text and all(
                     sum(cell_len(s.text) for s in line) <= options.max_width for line in lines):
-                yield table
+                for line in lines:  # the lines just rendered: no second rendering
+                    yield from line
+                    yield Segment.line()
                 return
         yield records(self.fallback)
 
     def __rich_measure__(self, console, options) -> Measurement:
         return Measurement(min(20, options.max_width), options.max_width)
+
+
+def _longest_words(table) -> int:
+    """A lower bound of a table's width: the sum over its columns of the longest word in
+    each (rich never breaks a word; padding and rules come on top); 0 for other layouts."""
+    if not isinstance(table, Table):
+        return 0
+    total = 0
+    for column in table.columns:
+        longest = 0
+        for cell in (column.header, *column.cells):
+            text = cell.plain if isinstance(cell, Text) else str(cell)
+            if len(text) > longest:
+                longest = max(longest, *(cell_len(word) for word in text.split() or [""]))
+        total += longest
+    return total
 
 
 def records(table: Table) -> Group:

@@ -426,7 +426,10 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
 
 
 def load_inputs(paths: list[str], keys: list[str] | None = None) -> list[TensorSource]:
-    """All tensors of all paths (in order), filtered by ``keys``; fails if none is usable."""
+    """All tensors of all paths (in order), filtered by ``keys``; fails if none is usable.
+    Standard input (``-``) can be read once."""
+    if paths.count("-") > 1:
+        raise UsageError("'-' (standard input) is given more than once; it can be read once")
     sources = [s for path in paths for s in load_path(path)]
     if not sources:
         raise DataError(f"nothing to quantize ({', '.join(shown(p) for p in paths[:5])} "
