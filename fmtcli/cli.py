@@ -376,7 +376,8 @@ def main_options(
     """fmt: what does this value become in each format, and what range does a format cover?"""
 
 
-@app.command("range", cls=UsageWithEllipsis)
+@app.command("range", cls=UsageWithEllipsis,
+             short_help="Range and precision of formats: max, eps, subnormals.")
 def range_command(
     formats: Annotated[Optional[list[str]], typer.Argument(
         metavar="FORMAT", help="Formats to show (names, aliases or custom eXmY). "
@@ -394,6 +395,7 @@ def range_command(
 
 
 @app.command("underflow", cls=UsageWithEllipsis,
+             short_help="Will a value survive? What each format stores of it.",
              context_settings={"ignore_unknown_options": True})
 def underflow_command(
     values: Annotated[list[str], typer.Argument(
@@ -466,7 +468,8 @@ class StderrProgress:
             self.bar.stop()
 
 
-@app.command("quantize", cls=UsageWithEllipsis)
+@app.command("quantize", cls=UsageWithEllipsis,
+             short_help="How much does a tensor lose? Per tensor vs per block.")
 def quantize_command(
     files: Annotated[Optional[list[str]], typer.Argument(
         metavar="FILE", help="Tensors: .npy .npz .safetensors .pt/.pth .txt/.csv/.json, a "
@@ -586,7 +589,8 @@ def rule_with_value(rule: ScaleRule | None, percentile: float | None,
     return rule, None if fixed_scale is None else parse_value(fixed_scale)
 
 
-@app.command("scale-search", cls=UsageWithEllipsis)
+@app.command("scale-search", cls=UsageWithEllipsis,
+             short_help="Which scale (or loss scale) should I use?")
 def scale_search_command(
     files: Annotated[Optional[list[str]], typer.Argument(
         metavar="FILE", help="Tensors, as for quantize. None: the article's example (or, "
@@ -666,7 +670,8 @@ def scale_search_command(
     emit(json_out, result, "render_scale_search")
 
 
-@app.command("check-backends", cls=UsageWithEllipsis)
+@app.command("check-backends", cls=UsageWithEllipsis,
+             short_help="Can I trust this cast? ml_dtypes and torch vs the engine.")
 def check_backends_command(
     formats: Annotated[Optional[list[str]], typer.Argument(
         metavar="FORMAT", help="Formats to check.  Default: every registered format.",

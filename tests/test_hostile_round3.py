@@ -135,3 +135,14 @@ def test_a_table_of_many_values_renders_once(monkeypatch):
                            env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert len(calls) == 1, calls
+
+
+def test_plain_fmt_lists_every_command_without_cutting_its_summary():
+    """Click cuts a command's first sentence at ~45 characters with '...'; each command
+    has a summary of its own that the listing shows whole (wrapped where narrow)."""
+    result = RUNNER.invoke(app, [], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    listing = result.stdout.split("Commands:")[1]
+    assert "..." not in listing and "\u2026" not in listing
+    for name in ("range", "underflow", "quantize", "scale-search", "check-backends"):
+        assert f"  {name} " in listing
