@@ -26,6 +26,7 @@ from .rounding import (
     RoundingMode,
     apply_range,
     beyond_threshold,
+    fits_float32,
     magic_rounding_applies,
     round_float32_nearest_even,
     round_unbounded,
@@ -126,6 +127,16 @@ def _positions(origin: tuple[int, int, int], padded: tuple[int, int], shape4) ->
     return index.reshape(shape4)
 
 
+def _wide_quotient(r: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``r / scale`` for a float64 rounding ``r`` of a float32 product (a format reaching
+    past float32's max): the float32 quotient where it is finite, as the float32 rule
+    divides (float64 division then one rounding to float32 is the correctly rounded float32
+    quotient: 53 >= 2 * 24 + 2 bits), else the float64 one (2**128 / 0.5 is no float32)."""
+    wide = r / scale.astype(np.float64)
+    narrow = wide.astype(np.float32).astype(np.float64)
+    return np.where(np.isfinite(narrow) | ~np.isfinite(wide), narrow, wide)
+
+
 class ChunkKernel:
     """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
 
@@ -140,6 +151,8 @@ class ChunkKernel:
         # below it no value can round past max under this rounding mode (per working dtype)
         self.thresholds = {dtype: beyond_threshold(self.spec, plan.scheme.rounding, dtype)
                            for dtype in (np.dtype(np.float32), np.dtype(np.float64))}
+        # a format reaching past float32's max (e8m3fn): float32 products round in float64
+        self.wide = not fits_float32(self.spec)
         self.fast = (plan.scheme.rounding is RoundingMode.NEAREST_EVEN
                      and magic_rounding_applies(self.spec))
         self.two_level = plan.scheme.scale_format is ScaleFormat.E4M3_FP32
@@ -216,6 +229,8 @@ class ChunkKernel:
         s4 = scale[:, None, :, None]
         xs = np.multiply(xw.reshape(shape4), s4.astype(xw.dtype, copy=False))
         flat = xs.reshape(-1)
+        if self.wide and flat.dtype == np.float32:  # its roundings may lie past float32's max
+            flat = flat.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             if self.backend is not Backend.NUMPY:  # the cast of ml_dtypes or torch itself
                 # saturate: clamp to max first, as recipes do; ieee: the backend's own cast
@@ -243,7 +258,10 @@ class ChunkKernel:
         overflowed = counts["overflowed"]
         saturated = counts["beyond"] - overflowed
         with np.errstate(invalid="ignore", divide="ignore"):
-            x_q = np.divide(r.reshape(shape4), s4, out=xs)
+            if r.dtype == xs.dtype:
+                x_q = np.divide(r.reshape(shape4), s4, out=xs)
+            else:  # a wide format's float64 rounding of the float32 product (see _wide_quotient)
+                x_q = _wide_quotient(r.reshape(shape4), s4)
             if dead is not None:
                 x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
         x_q = x_q.reshape(xp.shape)

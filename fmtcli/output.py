@@ -164,7 +164,10 @@ class NpyWriter:
 
     def write(self, rows: slice, cols: slice, values: np.ndarray) -> None:
         try:
-            self.matrix[rows, cols] = values
+            # a value beyond the file's float32 range (a format reaching past float32's
+            # max, e8m4fn) is written as inf, without numpy's overflow warning
+            with np.errstate(over="ignore"):
+                self.matrix[rows, cols] = values
         except OSError as error:
             self.abort()
             raise DataError(f"cannot write {shown(self.path)} ({error.strerror or error})"

@@ -122,6 +122,7 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
 
 
 _M64 = (1 << 64) - 1
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _mix64(z: int) -> int:
@@ -312,12 +313,20 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
     return r
 
 
+def fits_float32(spec: FormatSpec) -> bool:
+    """Whether every finite value of ``spec`` is a float32 value's magnitude or below:
+    False for formats reaching past float32's max (``e8m3fn``: 2**128 * 1.875; ``e9m2``),
+    whose roundings of float32 data must be held in float64 (float32 would write inf)."""
+    return spec.max <= _F32_MAX
+
+
 def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = RoundingMode.NEAREST_EVEN,
                     overflow: OverflowPolicy | str = OverflowPolicy.IEEE,
                     seed: int | None = None, rng: np.random.Generator | None = None) -> np.ndarray:
     """Round every element of ``x`` to the nearest value of ``spec`` (by ``rounding``).
 
-    Returns float32 for float32/float16/bfloat16 input and float64 for float64 input; the
+    Returns float32 for float32/float16/bfloat16 input and float64 for float64 input, or
+    for any input when the format's max lies beyond float32's (``fits_float32``); the
     values are exactly those the format holds (see the module docstring for inf, NaN and
     formats without them).  Stochastic rounding draws from ``rng`` or a generator seeded
     with ``seed`` (0 when neither is given), so runs are reproducible.
@@ -328,6 +337,8 @@ def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = Rounding
     except ValueError as error:
         raise UsageError(str(error)) from None
     x = working_array(x)
+    if x.dtype == np.float32 and not fits_float32(spec):
+        x = x.astype(np.float64)  # the format's top values are no float32 (e8m3fn: 2**128)
     shape = x.shape
     x = x.reshape(-1)
     if rounding is RoundingMode.STOCHASTIC and rng is None:

@@ -21,7 +21,10 @@ Rules (``emax_elem`` = floor(log2(max)) of the element format, ``max`` its large
   values (they saturate) to give the rest finer resolution.  The block statistic is passed
   in place of amax.
 - ``fixed``: one given scale (delayed scaling computes it from earlier tensors' amax).
-MX exponents are clamped to E8M0's range, 2**-127 .. 2**127.
+MX exponents are clamped to E8M0's range, 2**-127 .. 2**127.  A custom format whose max
+lies beyond float32's (``e8m4fn``: 2**128 * 1.9375; ``e9m3``) cannot have its top reached by
+a float32 product: under the float32 product every rule aims at 2**127 in its place
+(``float32_top``), so ``amax * scale`` stays finite; its roundings are held in float64.
 
 The scaled product's width (``Product``), one rule for every command:
 
@@ -117,14 +120,17 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
     if rule is ScaleRule.FIXED:
         raise UsageError("a fixed scale is given, not computed from amax")
     a = np.asarray(amax, dtype=np.float64)
-    fmax = spec.max
+    fmax = spec.max if exact else float32_top(spec)
     scale = np.ones(a.shape, dtype=np.float64)
     positive = (a > 0) & np.isfinite(a)
     ap = np.where(positive, a, 1.0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         if rule in (ScaleRule.AMAX, ScaleRule.PERCENTILE):
-            # one correctly rounded float32 division, as recipes (and the CUDA path) compute
-            raw = np.divide(np.float32(fmax), ap.astype(np.float32)).astype(np.float64)
+            if fmax <= F32_MAX:
+                # one correctly rounded float32 division, as recipes (and the CUDA path) do
+                raw = np.divide(np.float32(fmax), ap.astype(np.float32)).astype(np.float64)
+            else:  # the exact product with a max beyond float32's
+                raw = fmax / ap
         elif rule in (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST):
             raw = fmax / ap
             if rule is ScaleRule.POW2_FLOOR:
@@ -135,7 +141,7 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
                 power = np.rint(np.log2(raw)).astype(np.int64)
             raw = np.ldexp(1.0, power.astype(np.int32))
         else:
-            exponent = _mx_exponent(ap, spec, rule)
+            exponent = _mx_exponent(ap, spec, rule, fmax)
             exponent = np.clip(exponent, E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
             raw = np.ldexp(1.0, (-exponent).astype(np.int32))
         raw = raw * 2.0 ** -margin
@@ -157,21 +163,32 @@ def amax_to_scale(amax, spec: FormatSpec, rule: ScaleRule | str = ScaleRule.AMAX
     return scale if exact else scale.astype(np.float32)
 
 
-def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule) -> np.ndarray:
-    """Unbiased E8M0 exponent X of the decode scale 2**X (before clamping)."""
+def float32_top(spec: FormatSpec) -> float:
+    """The element max the float32 product aims at: ``spec.max``, or 2**127 for a format
+    whose max lies beyond float32's (``e8m4fn``, ``e9m3``): its top binades are out of
+    the product's reach, and 2**127 leaves room for the rounding of ``amax * scale``."""
+    return spec.max if spec.max <= F32_MAX else 2.0 ** 127
+
+
+def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule,
+                 fmax: float | None = None) -> np.ndarray:
+    """Unbiased E8M0 exponent X of the decode scale 2**X (before clamping); ``fmax`` the
+    element max aimed at (``spec.max``, or ``float32_top`` under the float32 product)."""
+    fmax = spec.max if fmax is None else fmax
+    emax = math.frexp(fmax)[1] - 1
     if rule is ScaleRule.MX_FLOOR:
-        return _floor_log2(ap) - emax_elem(spec)
+        return _floor_log2(ap) - emax
     if rule is ScaleRule.MX_CEIL:
-        return _ceil_log2(ap) - emax_elem(spec)
+        return _ceil_log2(ap) - emax
     if rule is ScaleRule.MX_EVEN:
         # Round amax's float32 significand half-up at the element's mantissa width
         # (a carry bumps the exponent), then floor as mx-floor.
         bits = ap.astype(np.float32).view(np.uint32).astype(np.uint64)
         bits = bits + (1 << (23 - spec.mantissa_bits - 1))
         rounded = (bits & 0x7F800000).astype(np.uint32).view(np.float32).astype(np.float64)
-        return _floor_log2(np.maximum(rounded, np.finfo(np.float32).tiny)) - emax_elem(spec)
+        return _floor_log2(np.maximum(rounded, np.finfo(np.float32).tiny)) - emax
     if rule is ScaleRule.MX_RCEIL:
-        return _ceil_log2(ap / spec.max)
+        return _ceil_log2(ap / fmax)
     raise UsageError(f"not an MX rule: {rule.value}")
 
 

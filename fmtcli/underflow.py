@@ -100,6 +100,12 @@ def store(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode, overflow: Ove
     return stored, relative_error(x, stored), classify(x, unbounded, stored, spec)
 
 
+def _to_float32_where_finite(q: np.ndarray) -> np.ndarray:
+    """q rounded to float32 (as float64 values) where float32 holds it, else q."""
+    narrow = q.astype(np.float32).astype(np.float64)
+    return np.where(np.isfinite(narrow) | ~np.isfinite(q), narrow, q)
+
+
 def underflow_table(values: list[float], formats: list[FormatSpec], scales: list[float] = (),
                     rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
                     overflow: OverflowPolicy = OverflowPolicy.IEEE,
@@ -141,7 +147,10 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
                 else:
                     scaled = x * scale
                 s_stored, s_rel, s_fate = store(scaled, spec, rounding, overflow, rng, *chosen)
-                recovered = ((s_stored.astype(np.float32) / s32).astype(np.float64) if narrow
+                # float32: s_stored / s32 in float64 rounded once to float32 is the float32
+                # quotient (53 >= 2 * 24 + 2 bits); a wide format's stored value past
+                # float32's max (e8m3fn) still divides exactly in float64
+                recovered = (_to_float32_where_finite(s_stored / np.float64(s32)) if narrow
                              else s_stored / scale)
             per_scale.append((scale, scaled, s_stored, s_rel, classify_scaled(x, scaled, s_fate),
                               recovered, relative_error(x, recovered)))
