@@ -182,11 +182,11 @@ def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule,
         return _ceil_log2(ap) - emax
     if rule is ScaleRule.MX_EVEN:
         # Round amax's float32 significand half-up at the element's mantissa width
-        # (a carry bumps the exponent), then floor as mx-floor.
-        bits = ap.astype(np.float32).view(np.uint32).astype(np.uint64)
-        bits = bits + (1 << (23 - spec.mantissa_bits - 1))
-        rounded = (bits & 0x7F800000).astype(np.uint32).view(np.float32).astype(np.float64)
-        return _floor_log2(np.maximum(rounded, np.finfo(np.float32).tiny)) - emax
+        # (a carry bumps the exponent field, up to 255 = 2**128 for amax near float32's
+        # max: no wrap to inf), then floor as mx-floor; subnormal amaxes count as 2**-126.
+        bits = ap.astype(np.float32).view(np.uint32).astype(np.int64)
+        field = (bits + (1 << (23 - spec.mantissa_bits - 1))) >> 23
+        return np.maximum(field, 1) - 127 - emax
     if rule is ScaleRule.MX_RCEIL:
         return _ceil_log2(ap / fmax)
     raise UsageError(f"not an MX rule: {rule.value}")

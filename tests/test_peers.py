@@ -154,3 +154,56 @@ def test_quantize_formats_past_float32(name, rule, tmp_path):
         assert np.isfinite(xq).all() and np.isfinite(stats["rmse"])
         assert stats["saturated"] == 0 and stats["rmse"] < 1e-2 * float(np.sqrt(np.mean(
             x.astype(np.float64) ** 2)))
+
+
+def _mx_even_decode_exponent(amax: float, mantissa_bits: int, emax: int) -> int:
+    """torchao's EVEN rule from its definition, in float64: amax's significand rounded
+    half-up to the element's mantissa width (a carry raises the exponent), floor(log2),
+    minus emax_elem, clamped to E8M0's -127..127."""
+    if amax < 2.0 ** -126:
+        amax = 2.0 ** -126  # float32 subnormal amaxes: the exponent of the smallest normal
+    significand, exponent = np.frexp(amax)  # amax = significand * 2**exponent, [0.5, 1)
+    rounded = np.floor(significand * 2.0 ** (mantissa_bits + 1) + 0.5)
+    if rounded == 2.0 ** (mantissa_bits + 1):
+        exponent += 1
+    return int(np.clip(exponent - 1 - emax, -127, 127))
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
+                                  "float6_e3m2fn", "float4_e2m1fn"])
+def test_mx_even_scale_near_float32_max(name):
+    """mx-even: an amax whose rounding carries past float32's top exponent (3e38 in FP4:
+    1.76 * 2**127 rounds to 2**128) gives decode scale 2**(128 - emax_elem), as torchao's
+    EVEN mode.  Before, the carry made the float32 pattern inf, floor(log2) read -1, and
+    the scale 2**(1 + emax) sent 3e38 to inf, saturated: x_q = 0.75."""
+    from fmtcli.scaling import amax_to_scale, emax_elem
+
+    spec = get_format(name)
+    rng = np.random.default_rng(3)
+    amax = np.concatenate([np.float32([3e38, F32_MAX, 1.0, 1.74, 1.76, 448, 500, 1e-40,
+                                       2.0 ** -140, 2.0 ** -126]),
+                           np.exp2(rng.uniform(-140, 128, 3000)).astype(np.float32)])
+    amax = amax[np.isfinite(amax)]
+    ours = amax_to_scale(amax, spec, "mx-even")
+    expected = [2.0 ** -_mx_even_decode_exponent(float(a), spec.mantissa_bits, emax_elem(spec))
+                for a in amax]
+    np.testing.assert_array_equal(ours.astype(np.float64), expected)
+
+
+def test_mxfp4_even_block_with_a_value_near_float32_max(tmp_path):
+    """The block [3e38, -0.0754, 1, ...] under mxfp4 + mx-even: decode scale 2**126, so
+    3e38 / 2**126 = 3.53 -> 4 and x_q = 2**128, which float32 writes as inf (torchao's
+    decoded value is 2**128 too); the small values flush to 0 as in torchao."""
+    from fmtcli.quantize import quantize
+    from fmtcli.scaling import ScaleRule
+    from fmtcli.schemes import build_scheme
+    from fmtcli.tensors import TensorSource
+
+    x = np.zeros((1, 32), np.float32)
+    x[0, :3] = 3e38, -0.0754, 1.0
+    out = str(tmp_path / "xq.npy")
+    scheme = build_scheme(recipe="mxfp4", scale_rule=ScaleRule.MX_EVEN)
+    source = TensorSource("x", None, x.shape, "float32", lambda: x)
+    quantize([source], [scheme], out=out, workers=1)
+    xq = np.load(out)
+    assert np.isposinf(xq[0, 0]) and xq[0, 1] == 0 and xq[0, 2] == 0
