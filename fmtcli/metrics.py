@@ -106,10 +106,11 @@ def _bin_keys(rel: np.ndarray, x: np.ndarray, x_q: np.ndarray) -> np.ndarray:
     else:
         bits = rel.astype(np.float32).view(np.uint32)  # its low bits: the distance to an edge
         keys = _truncated_keys(rel)
-    # low 16 bits in [0, EDGE_ULPS) or (2**16 - 1 - EDGE_ULPS, 2**16): three passes
-    candidates = np.flatnonzero(np.bitwise_and(bits + np.uint32(EDGE_ULPS),
-                                               np.uint32((1 << HIST_SHIFT) - 1))
-                                < np.uint32(2 * EDGE_ULPS))
+    # low 16 bits in [0, EDGE_ULPS) or [2**16 - EDGE_ULPS, 2**16): their uint16 plus
+    # EDGE_ULPS wraps below 2 * EDGE_ULPS (two passes over half-width integers)
+    low = bits.astype(np.uint16)  # the low 16 bits
+    low += np.uint16(EDGE_ULPS)
+    candidates = np.flatnonzero(low < np.uint16(2 * EDGE_ULPS))
     if not candidates.size:
         return keys
     r = rel[candidates]
