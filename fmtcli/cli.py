@@ -87,6 +87,12 @@ class OneLineErrors(TyperGroup):
         sys.exit(code)
 
     def _run(self, args, prog_name, complete_var, **extra) -> int:
+        if sys.stdout is None:  # started with stdout closed (fmt ... >&-): Python sets None
+            # Refused before any work: results could not be printed, and the first file
+            # opened would otherwise take descriptor 1.
+            error_line("standard output is closed: nothing could be printed (redirect it "
+                       "to a file or to /dev/null)")
+            return 1
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             return code if isinstance(code, int) else 0
