@@ -78,6 +78,7 @@ def scaled_sum(small: float, big: float, tiny: float = 0.0) -> tuple[float, int]
     return tiny, -2 * BIG_SHIFT
 
 
+SMALL_CHUNK = 4096  # chunks this small add to the histogram element by element
 EDGE_ULPS = 8  # a computed relative error this close to a bin edge is checked exactly
 
 
@@ -221,12 +222,18 @@ class ErrorAccumulator:
             rel = np.divide(abs_err, np.abs(x), out=abs_err)
         else:
             rel = np.abs(x_q - x) / np.abs(x)
-        counts = np.bincount(_bin_keys(rel, x, x_q), minlength=HIST_BINS)
+        keys = _bin_keys(rel, x, x_q)
         if self.hist is None:
             self.hist = np.zeros(HIST_BINS, dtype=np.int64)
-        self.hist += counts
+        if keys.size < SMALL_CHUNK:  # no 512 KiB bincount for a handful of values
+            np.add.at(self.hist, keys, 1)
+            nan_keys = int(np.count_nonzero((keys & np.uint32(0x7FFF)) > FINITE_BINS))
+        else:
+            counts = np.bincount(keys, minlength=HIST_BINS)
+            self.hist += counts
+            nan_keys = int(counts[NAN_BINS].sum())
         if zero_results is not None:
-            zeros = int(counts[NAN_BINS].sum())  # includes the padding's zeros
+            zeros = nan_keys  # 0/0: the zeros, the padding's included
             self.flushed += zero_results - zeros
             zeros -= padding
             self.zeros += zeros
