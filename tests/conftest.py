@@ -10,4 +10,24 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ["FMT_TRACEBACK"] = "1"
+
+
+
+@pytest.fixture
+def table_renders(monkeypatch) -> list:
+    """The titles of the rich Tables rendered while the test runs (a list that fills as
+    they render): tests count how often fmt lays a table out through rich."""
+    from rich.table import Table
+
+    calls: list = []
+    original = Table.__rich_console__
+
+    def counting(self, console, options):
+        calls.append(self.title)
+        return original(self, console, options)
+
+    monkeypatch.setattr(Table, "__rich_console__", counting)
+    return calls

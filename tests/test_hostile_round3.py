@@ -118,23 +118,13 @@ def test_stdin_given_twice_is_a_usage_error():
     assert result.stderr.startswith("Error: '-' (standard input) is given more than once")
 
 
-def test_a_table_of_many_values_renders_once(monkeypatch):
+def test_a_table_of_many_values_renders_once(table_renders):
     """A layout that fits is rendered once, not once to check and again to print (a table of
     thousands of rows took twice as long)."""
-    from rich.table import Table
-
-    calls = []
-    original = Table.__rich_console__
-
-    def counting(self, console, options):
-        calls.append(self.title)
-        return original(self, console, options)
-
-    monkeypatch.setattr(Table, "__rich_console__", counting)
     result = RUNNER.invoke(app, ["underflow", "1,2,3", "--format", "fp16"],
                            env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert len(calls) == 1, calls
+    assert len(table_renders) == 1, table_renders
 
 
 def test_plain_fmt_lists_every_command_without_cutting_its_summary():
