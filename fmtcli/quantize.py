@@ -225,28 +225,6 @@ def histogram_percentile(counts: np.ndarray, q: float) -> float:
     return float(np.uint32((index + 1) << HIST_SHIFT).view(np.float32))
 
 
-def tensor_amax(source: TensorSource, *, chunk_elements: int = CHUNK_ELEMENTS,
-                workers: int | None = None) -> float:
-    """max |x| of a tensor, streamed (NaN if it holds NaN)."""
-    workers = default_workers() if workers is None else workers
-    reader = ChunkReader(source)
-    try:
-        rows, cols = matrix_shape(source.shape)
-        chunks = chunk_slices(rows, cols, [], chunk_elements)
-        workers = max(1, min(workers, len(chunks)))
-        partial = shared_array((workers,), reader.dtype)
-
-        def task(index: int, worker: int) -> int:
-            x = reader.read(*chunks[index])
-            partial[worker] = max(partial[worker], tile_amax(x, *x.shape)[0, 0])
-            return x.size
-
-        run_tasks(task, len(chunks), workers)
-    finally:
-        reader.close()
-    return float(partial.max())
-
-
 def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 0,
                     chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
                     progress: Progress | None = None, keep: int | None = None,
