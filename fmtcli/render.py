@@ -21,6 +21,7 @@ from rich.text import Text
 from .errors import one_line
 from .fates import Fate
 from .formats import FormatSpec
+from .plaintable import is_plain, plain_records_lines, plain_table_lines, segments
 from .underflow import Stored, UnderflowResult
 
 ELLIPSIS = "\u2026"  # what rich puts where it cuts a cell
@@ -38,10 +39,10 @@ class Fit:
         for table in self.layouts:
             if _longest_words(table) > options.max_width:
                 continue  # cheap: tens of thousands of rows (underflow of many values)
-            if _is_plain(table) and table.row_count > PLAIN_ROWS:
-                width, lines = _plain_table_lines(table, console)
+            if is_plain(table) and table.row_count > PLAIN_ROWS:
+                width, lines = plain_table_lines(table, console)
                 if width <= options.max_width:
-                    yield from _segments(lines, console)
+                    yield from segments(lines, console)
                     return
                 continue
             unclamped = options.update_width(1 << 16)
@@ -55,12 +56,12 @@ class Fit:
                     yield from line
                     yield Segment.line()
                 return
-        if _is_plain(self.fallback) and self.fallback.row_count > PLAIN_ROWS:
-            lines = _plain_records_lines(self.fallback, options.max_width, console)
+        if is_plain(self.fallback) and self.fallback.row_count > PLAIN_ROWS:
+            lines = plain_records_lines(self.fallback, options.max_width, console)
             if lines is not None:
                 if self.fallback.title:  # as records() shows it (wrapped where narrow)
                     yield Text(str(self.fallback.title), style="bold")
-                yield from _segments(lines, console)
+                yield from segments(lines, console)
                 return
         yield records(self.fallback)
 
@@ -87,132 +88,6 @@ def _longest_words(table) -> int:
 # Above this many rows a table of one-line cells is laid out here, not by rich: rich takes
 # ~0.1 ms a row (100,000 values of ``fmt underflow`` in six formats: minutes), this ~2 us.
 PLAIN_ROWS = 2000
-
-
-def _cell_text(cell) -> str | None:
-    """A cell's text if it is one plain line (str or Text without markup), else None."""
-    if isinstance(cell, Text):
-        text = cell.plain
-    elif isinstance(cell, str) and "[" not in cell:
-        text = cell
-    else:
-        return None
-    return None if "\n" in text or "\r" in text else text
-
-
-def _is_plain(table) -> bool:
-    """A table that ``_plain_table_lines`` draws exactly as rich would: box SIMPLE_HEAD,
-    default padding and edges, fixed-width-free columns of one-line cells."""
-    if not isinstance(table, Table) or table.box is not box.SIMPLE_HEAD or table.expand:
-        return False
-    if (table.padding != (0, 1, 0, 1) or not table.pad_edge or not table.show_edge
-            or table.show_lines or table.collapse_padding or table.caption or table.row_styles
-            or not table.show_header or (table.title is not None and not isinstance(
-                table.title, str))):
-        return False
-    return all(column.width is None and column.max_width is None and column.min_width is None
-               and column.ratio is None and not column.style and column.justify in (
-                   "left", "right") and _cell_text(column.header) is not None
-               and all(_cell_text(cell) is not None for cell in column.cells)
-               for column in table.columns)
-
-
-def _pad(text: str, width: int, right: bool = False) -> str:
-    space = " " * (width - cell_len(text))
-    return space + text if right else text + space
-
-
-def _segments(lines: list, console):
-    """Lines (str, or lists of styled segments) as rich prints them."""
-    for line in lines:
-        if isinstance(line, str):
-            yield Segment(line)
-        else:
-            yield from line
-        yield Segment.line()
-
-
-def _plain_table_lines(table: Table, console) -> tuple[int, list]:
-    """The width and lines of a SIMPLE_HEAD table of one-line cells, as rich draws them
-    (title padded to the table's width, a blank top edge, header, rule, rows with a blank
-    line between sections, a blank bottom edge).  Where the console shows styles, each
-    line is a list of styled segments; else (a pipe, a file) a plain string, built with
-    one format per row when every cell is ASCII (a million rows in a few seconds)."""
-    texts = [[_cell_text(cell) for cell in (column.header, *column.cells)]
-             for column in table.columns]
-    widths = [max(map(cell_len, column)) for column in texts]
-    right = [column.justify == "right" for column in table.columns]
-    width = 2 + sum(w + 2 for w in widths) + len(widths) - 1
-    if table.title and cell_len(table.title) > width:
-        return 1 << 30, []  # rich would wrap the title: never fits, not drawn here
-    styled = console.color_system is not None
-    header_style = console.get_style("table.header", default="")
-    cells = [[column.header, *column.cells] for column in table.columns]
-
-    def row(i: int) -> list[Segment]:
-        line = [Segment(" ")]
-        style = header_style if i == 0 else None
-        for column, cell_texts, w, flush_right in zip(cells, texts, widths, right):
-            cell = column[i]
-            own = console.get_style(cell.style, default="") if isinstance(cell, Text) \
-                and cell.style else style
-            line += [Segment(" ", style), Segment(_pad(cell_texts[i], w, flush_right), own),
-                     Segment(" ", style), Segment(" ")]  # padding, cell, padding, divider
-        return line
-
-    if not styled and all(text.isascii() for column in texts for text in column):
-        layout = " " + " ".join(f" {{:{'>' if r else '<'}{w}}} " for w, r in zip(widths, right))
-        layout += " "
-
-        def row(i: int) -> str:  # the same line, without styles
-            return layout.format(*[column[i] for column in texts])
-
-    elif not styled:
-        plain_row = row
-
-        def row(i: int) -> str:
-            return "".join(segment.text for segment in plain_row(i))
-
-    blank = " " * width
-    lines: list = []
-    if table.title:
-        title = _pad(table.title, width)
-        lines.append([Segment(title, console.get_style("table.title", default=""))]
-                     if styled else title)
-    lines += [blank, row(0), " " + "\u2500" * (width - 2) + " "]
-    for i, table_row in enumerate(table.rows, start=1):
-        lines.append(row(i))
-        if table_row.end_section and i < table.row_count:
-            lines.append(blank)
-    lines.append(blank)
-    return width, lines
-
-
-def _plain_records_lines(table: Table, width: int, console) -> list | None:
-    """``records(table)``'s lines (str, or styled segments where the console shows styles)
-    for a table of one-line cells whose records fit ``width`` unfolded; None for others
-    (rich lays those out)."""
-    headers = [" ".join(_cell_text(column.header).split()) or " " for column in table.columns]
-    columns = [list(column.cells) for column in table.columns]
-    dim = console.get_style("dim")
-    styled = console.color_system is not None
-    lines: list = []
-    for i in range(table.row_count):
-        pairs = [(h, c[i]) for h, c in zip(headers, columns) if c[i] not in ("", None)]
-        left = max((cell_len(h) for h, _ in pairs), default=0)
-        right = max((cell_len(_cell_text(v)) for _, v in pairs), default=0)
-        if left + 2 + right > width:
-            return None
-        lines.append("")
-        for header, value in pairs:
-            if not styled:
-                lines.append(f"{_pad(header, left)}  {_pad(_cell_text(value), right)}")
-                continue
-            own = console.get_style(value.style, default="") if isinstance(value, Text) \
-                and value.style else None
-            lines.append([Segment(_pad(header, left), dim), Segment("  ", dim),
-                          Segment(_pad(_cell_text(value), right), own)])
-    return lines
 
 
 def records(table: Table) -> Group:
