@@ -130,7 +130,7 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
             raise UsageError(f"a scale must be a positive finite number, got {scale!r}")
         if narrow and not (F32_TINY <= scale <= F32_MAX):
             raise UsageError(f"the scale {scale!r} is not a normal float32 (the float32 "
-                             "product)", "use the exact product")
+                             "product)", "use --product exact")
     x = np.asarray(values, dtype=np.float64)
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:
