@@ -1,19 +1,20 @@
-"""The README's examples are the program's real output.
+"""The examples of README.md and docs/*.md are the program's real output.
 
-Every ```console block of README.md whose first line is ``$ fmt ...`` is run through
-CliRunner at 80 columns, in a directory holding the small checkpoint that ``model_files``
-writes, and its output compared with the block (trailing spaces and blank lines aside).
-A comment at the end of the command line says how to compare (the shell ignores it, so
-the command stays copy-pasteable):
+Every ```console block whose first line is ``$ fmt ...``, on README.md and on every page of
+docs/, is run through CliRunner at 80 columns, in a directory holding the small checkpoint
+that ``model_files`` writes, and its output compared with the block (trailing spaces and
+blank lines aside).  A comment at the end of the command line says how to compare (the
+shell ignores it, so the command stays copy-pasteable):
 
 - ``# json: PATH`` -- only that part of the JSON document (PATH: keys and list indices
   joined by dots, e.g. ``tensors.0.schemes.0``), written as ``--json`` writes it;
 - ``# first N lines`` / ``# last N lines`` -- only the first / last N lines of the output;
 - ``# not run: REASON`` -- not run here (a GPU, another machine's torch).
 
-After a change of output, rewrite the blocks from the program and review the diff:
+After a change of output, rewrite the blocks of every page from the program and review the
+diff:
 
-    python tests/test_readme.py --update
+    python tests/test_console_examples.py --update
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ WIDTH = "80"
 BLOCK = re.compile(r"^```console\n(\$ fmt [^\n]*)\n(.*?)^```$", re.S | re.M)
 DIRECTIVE = re.compile(r"\s+#\s*(json: (?P<path>\S+)|(?P<end>first|last) (?P<lines>\d+) lines|"
                        r"not run: (?P<reason>.+))\s*$")
+UPDATE = "python tests/test_console_examples.py --update"
+
+
+def pages() -> list[Path]:
+    """README.md and every page of the manual: the files whose examples are checked."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def model_files(directory: Path) -> None:
@@ -72,7 +79,7 @@ def select(document, path: str):
 
 
 def run_example(command: str, directory: Path) -> str:
-    """The output the README should show for ``command`` (directives applied)."""
+    """The output a page should show for ``command`` (directives applied)."""
     directive = DIRECTIVE.search(command)
     args = shlex.split(command[:directive.start()] if directive else command)[1:]
     assert args[0] == "fmt", command
@@ -93,36 +100,44 @@ def run_example(command: str, directory: Path) -> str:
     return normalise(out) + "\n"
 
 
-def runnable() -> list[str]:
-    out = []
-    for command, _, _ in examples(README.read_text()):
-        directive = DIRECTIVE.search(command)
-        if not (directive and directive.group("reason")):
-            out.append(command)
-    return out
+def skipped(command: str) -> bool:
+    directive = DIRECTIVE.search(command)
+    return bool(directive and directive.group("reason"))
+
+
+def runnable() -> list[tuple[str, str]]:
+    """(page relative to the repository, command line) of every example that runs here."""
+    return [(page.relative_to(ROOT).as_posix(), command)
+            for page in pages() for command, _, _ in examples(page.read_text())
+            if not skipped(command)]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("readme")
+    directory = tmp_path_factory.mktemp("examples")
     model_files(directory)
     return directory
 
 
 def test_the_readme_has_examples_of_every_command():
-    commands = runnable()
-    assert len(commands) >= 8
-    for name in ("quantize", "scale-search", "range", "underflow"):
-        assert any(c.startswith(f"$ fmt {name}") for c in commands), name
-    assert any("--loss-scale" in c for c in commands)
+    commands = [command for page, command in runnable() if page == "README.md"]
+    assert len(commands) >= 6
+    for command in app.registered_commands:
+        assert any(c.startswith(f"$ fmt {command.name}") for c in commands), command.name
 
 
-@pytest.mark.parametrize("command", runnable())
-def test_readme_example_is_the_program_output(command, model_dir):
-    expected = {c: normalise(out) + "\n" for c, out, _ in examples(README.read_text())}
+def test_every_page_of_the_manual_is_checked():
+    checked = {page for page, _ in runnable()}
+    assert "README.md" in checked
+    assert {"docs/quantize.md", "docs/range.md", "docs/underflow.md"} <= checked
+
+
+@pytest.mark.parametrize(("page", "command"), runnable())
+def test_example_is_the_program_output(page, command, model_dir):
+    expected = {c: normalise(out) + "\n" for c, out, _ in examples((ROOT / page).read_text())}
     assert run_example(command, model_dir) == expected[command], (
-        f"README block '{command}' differs from the program's output; "
-        "run `python tests/test_readme.py --update` and review the diff")
+        f"{page}: block '{command}' differs from the program's output; "
+        f"run `{UPDATE}` and review the diff")
 
 
 def test_directives_are_understood(tmp_path):
@@ -136,8 +151,19 @@ def test_directives_are_understood(tmp_path):
     assert DIRECTIVE.search("$ fmt x    # not run: needs a GPU").group("reason") == "needs a GPU"
 
 
-def update(path: Path = README) -> int:
-    """Rewrite every runnable block from the program's output; the number changed."""
+def test_update_rewrites_a_stale_block_and_keeps_the_rest(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("intro\n\n```console\n$ fmt range fp16 --json    # json: 0.max\n1.0\n```\n"
+                    "\n```console\n$ fmt x    # not run: a GPU\nkept as written\n```\nend\n")
+    assert update(page) == 1
+    assert page.read_text() == (
+        "intro\n\n```console\n$ fmt range fp16 --json    # json: 0.max\n65504.0\n```\n"
+        "\n```console\n$ fmt x    # not run: a GPU\nkept as written\n```\nend\n")
+    assert update(page) == 0
+
+
+def update(path: Path) -> int:
+    """Rewrite every runnable block of ``path`` from the program's output; the number changed."""
     import tempfile
 
     text = path.read_text()
@@ -147,18 +173,19 @@ def update(path: Path = README) -> int:
         model_files(directory)
         pieces, last = [], 0
         for command, old, match in examples(text):
-            directive = DIRECTIVE.search(command)
-            new = old if directive and directive.group("reason") else \
-                run_example(command, directory)
+            new = old if skipped(command) else run_example(command, directory)
             changed += normalise(new) != normalise(old)
             pieces += [text[last:match.start(2)], new]
             last = match.end(2)
         pieces.append(text[last:])
-    path.write_text("".join(pieces))
+    new_text = "".join(pieces)
+    if new_text != text:
+        path.write_text(new_text)
     return changed
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_readme.py --update")
-    print(f"{update()} README block(s) rewritten")
+        sys.exit(f"usage: {UPDATE}")
+    for page in pages():
+        print(f"{page.relative_to(ROOT)}: {update(page)} block(s) rewritten")
