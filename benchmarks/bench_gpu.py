@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fmtcli.formats import get_format
 from fmtcli.quantize import quantize
-from fmtcli.results import SchemeStats
+from fmtcli.quantize.results import SchemeStats
 from fmtcli.schemes import build_scheme
 from fmtcli.tensors import TensorSource
 
@@ -99,7 +99,7 @@ def main() -> None:
 
     import torch
 
-    from fmtcli.gpu import quantize_blocks_cuda
+    from fmtcli.quantize.cuda_kernel import quantize_blocks_cuda
 
     x = torch.from_numpy(data).cuda()
     size = x.numel() * 4

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # End to end through the CLI on a GPU machine: `fmt quantize` of a 2 GiB and an 8 GiB .npy
 # on the CPU engine against the CUDA kernel (torch import, CUDA start-up and the kernel's
-# compilation included), and the start-up costs alone.  Sets quantize.AUTO_CUDA_ELEMENTS.
+# compilation included), and the start-up costs alone.  
 #   bash benchmarks/cli_cpu_vs_cuda.sh      (from the repository root; writes /tmp/t.npy)
 set -e
 export PYTHONPATH=$PWD
 python3 -c "
 import time; t=time.time(); import torch; t1=time.time(); torch.zeros(1,device='cuda'); torch.cuda.synchronize(); t2=time.time()
-from fmtcli import gpu; gpu._compiled(128,0,1); t3=time.time()
+from fmtcli.quantize import cuda_kernel as k; k._compiled(128,0,1,k.SHIPPED); t3=time.time()
 print(f'import torch {t1-t:.2f} s, CUDA start {t2-t1:.2f} s, kernel compile {t3-t2:.2f} s')"
 for gib in 2 8; do
 python3 -c "

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from bench_gpu import timed as best  # benchmarks/, this script's folder
 
-from fmtcli import gpu
 from fmtcli.formats import get_format
+from fmtcli.quantize import cuda_kernel as gpu
+from fmtcli.quantize.cuda_kernel import Tuning
 from fmtcli.schemes import build_scheme
 
 x = torch.randn(2**28, device="cuda") * 0.02
@@ -65,20 +66,14 @@ report("unpack on the host",
             50), small)
 
 
-def configure(elements, min_blocks):
-    gpu.ELEMENTS, gpu.MIN_BLOCKS = elements, min_blocks
-    gpu._compiled.cache_clear()
-    gpu._PREPARED.clear()
-
-
 for elements, min_blocks in ((8, 4), (32, 1)):
-    configure(elements, min_blocks)
+    t = Tuning(elements=elements, min_blocks=min_blocks)
     report(f"{elements} elements per thread, at least {min_blocks} blocks per SM",
-           best(lambda: gpu.quantize_blocks_cuda(x, e4m3)))
-configure(16, 2)
+           best(lambda t=t: gpu.quantize_blocks_cuda(x, e4m3, tuning=t)))
 for per_sm in (2, 4, 8, 16):
+    t = Tuning(blocks_per_sm=per_sm)
     report(f"shipped, blocks of 128, {per_sm} thread blocks per SM",
-           best(lambda p=per_sm: gpu.quantize_blocks_cuda(x, e4m3, blocks_per_sm=p)))
+           best(lambda t=t: gpu.quantize_blocks_cuda(x, e4m3, tuning=t)))
 for block in (1, 32, 1024):
     s = build_scheme(format=get_format("float8_e4m3fn"), block=block)
     report(f"shipped, blocks of {block}", best(lambda s=s: gpu.quantize_blocks_cuda(x, s)))
@@ -105,14 +100,11 @@ VARIANTS = {  # name: (edits of the source, (elements per thread, min blocks per
     "no work: launch, zeroing, copy back only": ([("for (; c0 < n_chunks; c0 += stride) {",
                                                    "for (; c0 < 0; c0 += stride) {")], (16, 2)),
 }
-original = gpu._SOURCE
-for name, (edits, config) in VARIANTS.items():
+original = gpu.shipped_source()
+for name, (edits, (elements, min_blocks)) in VARIANTS.items():
     source = original
     for old, new in edits:
         assert old in source, name
         source = source.replace(old, new)
-    gpu._SOURCE = source
-    configure(*config)
-    report(f"variant: {name}", best(lambda: gpu.quantize_blocks_cuda(x, e4m3)))
-gpu._SOURCE = original
-configure(16, 2)
+    t = Tuning(elements=elements, min_blocks=min_blocks, source=source)
+    report(f"variant: {name}", best(lambda t=t: gpu.quantize_blocks_cuda(x, e4m3, tuning=t)))

@@ -89,12 +89,12 @@ def supports(backend: Backend, spec: FormatSpec, device: Device = Device.CPU) ->
 
 
 def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
-            elements: int = 0, rounding: RoundingMode | str | None = None
-            ) -> tuple[Backend, Device]:
+            rounding: RoundingMode | str | None = None) -> tuple[Backend, Device]:
     """The backend and device to use for one format.  ``auto`` is the engine, the fastest
     on the CPU (benchmarks/RESULTS.md), or torch with ``--device cuda``; device ``auto`` is
-    the CPU here (``quantize.quantize_tensor`` sends large tensors to the GPU where its fused
-    kernel takes the scheme).  Never imports torch for ``auto``.
+    the CPU for one format (``quantize.cuda.route``, the one GPU decision, sends a large
+    tensor to the GPU where the fused kernel takes its scheme).  Never imports torch for
+    ``auto``.
 
     What a backend cannot do is refused before torch is imported (seconds): a rounding mode
     other than nearest-even (``rounding``, when given) on ml_dtypes or torch, and a format
@@ -102,7 +102,7 @@ def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
     backend, device = Backend(backend), Device(device)
     if backend is Backend.AUTO:
         if device is Device.CUDA:
-            return resolve(Backend.TORCH, device, spec, elements, rounding)
+            return resolve(Backend.TORCH, device, spec, rounding)
         return Backend.NUMPY, Device.CPU
     if device is Device.AUTO:
         device = Device.CPU
@@ -134,7 +134,7 @@ def cast(x: np.ndarray, spec: FormatSpec, backend: Backend | str = Backend.NUMPY
 
     The raw cast, as ``check-backends`` reports it; ``cast_with_policy`` adds the clamp that
     a saturating recipe applies first."""
-    backend, device = resolve(backend, device, spec, x.size)
+    backend, device = resolve(backend, device, spec)
     x = np.asarray(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float32)

@@ -29,8 +29,8 @@ from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_value, parse_values
 from .lossscale import example_gradients, sweep_loss_scales
-from .output import check_not_an_input, check_target
 from .quantize import CHUNK_ELEMENTS, quantize
+from .quantize.writers import check_not_an_input, check_target
 from .rounding import OverflowPolicy, RoundingMode
 from .scalesearch import HISTORY, Metric, search_scales
 from .scaling import Product, ScaleRule

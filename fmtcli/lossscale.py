@@ -31,8 +31,8 @@ import numpy as np
 from .backends import Backend, Device, cast, resolve
 from .errors import UsageError
 from .formats import FormatSpec
-from .parallel import default_workers, run_tasks, shared_array
-from .quantize import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
+from .quantize.parallel import default_workers, run_tasks, shared_array
+from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 from .rounding import OverflowPolicy, RoundingMode, round_to_format
 from .scalesearch import skipped_of
 from .tensors import TensorSource

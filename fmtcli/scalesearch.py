@@ -33,18 +33,12 @@ import numpy as np
 
 from .backends import Backend, Device
 from .errors import UsageError, shown
-from .kernel import tile_amax
-from .metrics import ErrorAccumulator
-from .parallel import default_workers, run_tasks, shared_array
-from .quantize import (
-    CHUNK_ELEMENTS,
-    ChunkReader,
-    chunk_slices,
-    matrix_shape,
-    quantize,
-    quantize_tensor,
-)
-from .results import ScaleSummary, SchemeStats
+from .quantize import quantize, quantize_tensor
+from .quantize.chunk import tile_amax
+from .quantize.metrics import ErrorAccumulator
+from .quantize.parallel import default_workers, run_tasks, shared_array
+from .quantize.results import ScaleSummary, SchemeStats
+from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 from .tensors import TensorSource

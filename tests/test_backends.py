@@ -60,26 +60,26 @@ def test_resolve_usage_errors():
         resolve("torch", "cpu", get_format("float6_e2m3fn"))
     with pytest.raises(UsageError, match="ml_dtypes has no"):
         resolve("ml_dtypes", "cpu", get_format("tf32"))
-    assert resolve("auto", "cpu", E4M3, 1 << 30) == (Backend.NUMPY, Device.CPU)
+    assert resolve("auto", "cpu", E4M3) == (Backend.NUMPY, Device.CPU)
     # device auto is the CPU for one format; only quantize moves large tensors to a GPU
-    assert resolve("auto", "auto", E4M3, 1 << 40) == (Backend.NUMPY, Device.CPU)
+    assert resolve("auto", "auto", E4M3) == (Backend.NUMPY, Device.CPU)
     assert resolve("ml_dtypes", "auto", E4M3) == (Backend.ML_DTYPES, Device.CPU)
 
 
 def test_auto_stays_on_the_cpu_without_a_gpu(monkeypatch):
     """Over the size threshold but with no NVIDIA device node: the CPU engine (which,
     unlike the CUDA path, counts distinct scales)."""
-    from fmtcli import quantize as q
+    from fmtcli.quantize import cuda, quantize
     from fmtcli.schemes import build_scheme
     from fmtcli.tensors import TensorSource
 
     data = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
     source = TensorSource("t", None, data.shape, "float32", lambda: data)
-    monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", 1)
-    monkeypatch.setattr(q, "gpu_present", lambda: False)
+    monkeypatch.setattr(cuda, "AUTO_CUDA_ELEMENTS", 1)
+    monkeypatch.setattr(cuda, "gpu_present", lambda: False)
     # the cheap check decides: torch is not even asked
-    monkeypatch.setattr(q, "cuda_available", lambda: pytest.fail("asked torch for CUDA"))
-    stats = q.quantize([source], [build_scheme(block=128)], backend="auto",
+    monkeypatch.setattr(cuda, "cuda_available", lambda: pytest.fail("asked torch for CUDA"))
+    stats = quantize([source], [build_scheme(block=128)], backend="auto",
                        device="auto").tensors[0].schemes[0]
     assert stats.scales["distinct"] is not None
 

@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 import fmtcli.cli as cli
-import fmtcli.output as output
+import fmtcli.quantize.writers as output
 from fmtcli.cli import app
 
 runner = CliRunner()

@@ -443,7 +443,7 @@ def test_quantiles_never_breach_their_bin(dtype):
 def test_bin_keys_of_float64_data_near_edges_are_exact():
     from fractions import Fraction
 
-    from fmtcli.metrics import _bin_keys
+    from fmtcli.quantize.metrics import _bin_keys
 
     rng = np.random.default_rng(4)
     edges = (rng.integers(0x3800, 0x3F80, 2000).astype(np.uint32) << np.uint32(16)).view(

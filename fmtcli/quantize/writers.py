@@ -28,9 +28,9 @@ import tempfile
 
 import numpy as np
 
-from .errors import DataError, UsageError, shown
-from .formats import FormatSpec
-from .rounding import encode
+from ..errors import DataError, UsageError, shown
+from ..formats import FormatSpec
+from ..rounding import encode
 
 OUT_SUFFIXES = (".npy", ".npz", ".safetensors")
 

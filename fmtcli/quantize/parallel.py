@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import DataError, FmtError
+from ..errors import DataError, FmtError
 
 _ERROR_BYTES = 4096
 

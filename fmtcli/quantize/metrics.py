@@ -33,6 +33,7 @@ import numpy as np
 HIST_SHIFT = 16
 HIST_BINS = 1 << (32 - HIST_SHIFT)
 FINITE_BINS = 0x7F800000 >> HIST_SHIFT  # bins at and above this index hold inf and NaN
+ONE_BIN = 0x3F800000 >> HIST_SHIFT  # the bin of a relative error of exactly 1 (float32 1.0)
 NAN_BINS = np.r_[FINITE_BINS + 1:0x8000, 0x8000 + FINITE_BINS + 1:HIST_BINS]  # NaN, either sign
 REL_ERROR_RESOLUTION = 2.0 ** -(23 - HIST_SHIFT)  # bin width relative to its lower edge
 

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends import Backend, Device, cast_with_policy
-from .errors import DataError, shown
-from .formats import Specials
-from .metrics import ErrorAccumulator
-from .rounding import (
+from ..backends import Backend, Device, cast_with_policy
+from ..errors import DataError, shown
+from ..formats import Specials
+from ..rounding import (
     PositionalUniform,
     RoundingMode,
     apply_range,
@@ -31,8 +30,9 @@ from .rounding import (
     round_float32_nearest_even,
     round_unbounded,
 )
-from .scaling import F32_MAX, F32_TINY, Product, ScaleRule, amax_to_scale, scale_to_e4m3
-from .schemes import ScaleFormat, Scheme
+from ..scaling import F32_MAX, F32_TINY, Product, ScaleRule, amax_to_scale, scale_to_e4m3
+from ..schemes import ScaleFormat, Scheme
+from .metrics import ErrorAccumulator
 
 
 @dataclass

@@ -1,55 +1,41 @@
-"""Scaled quantization of tensors, streamed in chunks: ``x_q = cast(x * scale) / scale``.
+"""The quantize engine: ``x_q = cast(x * scale) / scale`` over whole tensors, in chunks.
 
-A tensor is read as a matrix (see ``schemes``) in chunks of whole rows (or, for a single
-long row, of column ranges aligned to every block size), about ``chunk_elements`` values
-each; ``kernel.ChunkKernel`` does the arithmetic of each chunk and scheme.  Tiles that span
-more rows than a chunk holds (per-tensor, per-column) and NVFP4's tensor scale need the
-amax first: a first pass reads the tensor for that alone.
+``quantize`` runs every usable tensor under every scheme and totals them; ``quantize_tensor``
+does one tensor.  For each, ``cuda.route`` says where each scheme runs; the rest is the CPU
+stream loop here: the tensor is read in chunks (``stream``), ``chunk.ChunkKernel`` does the
+arithmetic of each chunk and scheme, and ``metrics.ErrorAccumulator`` keeps the statistics.
+Tiles that span more rows than a chunk holds (per-tensor, per-column) and NVFP4's tensor
+scale need the amax first: a first pass reads the tensor for that alone.
 
 Chunks run on forked worker processes (``parallel``) that write every chunk's statistics
 into shared memory; the parent merges them in chunk order, so results depend neither on
 the number of workers nor on their timing.  Histograms (integers) merge exactly in any order.
+``--out`` is written by ``writers``.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
-import os
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
 
-from .backends import Backend, Device, cuda_available, gpu_present, resolve
-from .errors import DataError, UsageError
-from .kernel import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
+from ..backends import Backend, Device
+from ..errors import UsageError
+from ..scaling import Product, ScaleRule
+from ..schemes import ScaleFormat, Scheme, for_tensor
+from ..tensors import TensorSource
+from .chunk import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
+from .cuda import quantize_on_gpu, route
 from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
-from .output import NpyWriter, codes_of, output_names, write_codes
 from .parallel import default_workers, run_tasks, shared_array
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
-from .scaling import Product, ScaleRule
-from .schemes import ScaleFormat, Scheme, for_tensor
-from .tensors import TensorSource
-
-CHUNK_ELEMENTS = 1 << 18
-# From this many elements of one tensor on, --backend auto with --device auto runs the
-# schemes the fused CUDA kernel takes on the GPU when torch and a GPU with room for it are
-# there.  Below it the CPU engine wins end to end: on the H200 machine (16 cores) an 8 GiB
-# .npy took 3.15 s on the CPU against 4.64 s through CUDA, most of it torch's import
-# (benchmarks/RESULTS.md); the lines cross near 14 GiB there, sooner with fewer cores.
-AUTO_CUDA_ELEMENTS = 1 << 32
+from .stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, keep_freed_memory, matrix_shape
+from .writers import NpyWriter, codes_of, output_names, write_codes
 
 Progress = Callable[[int, int], None]
-
-
-def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
-    """(rows, columns) of the matrix view: all leading dimensions by the last one."""
-    if len(shape) == 0:
-        return 1, 1
-    return math.prod(shape[:-1]), shape[-1]
 
 
 def plan_schemes(source: TensorSource, schemes: list[Scheme]) -> list[Plan]:
@@ -69,95 +55,6 @@ def plan_schemes(source: TensorSource, schemes: list[Scheme]) -> list[Plan]:
                              "that fit in a chunk (not per column)")
         plans.append(plan)
     return plans
-
-
-def chunk_slices(rows: int, cols: int, plans: list[Plan], chunk_elements: int):
-    """(row slice, column slice) of every chunk, aligned to the tiles of the local schemes."""
-    local = [p.tile for p in plans if not p.is_global] or [(1, 1)]
-    if rows == 1 and cols > chunk_elements:  # one long row: chunk along the columns
-        step = math.lcm(*(t[1] for t in local))
-        step *= max(1, chunk_elements // step)
-        return [(slice(0, 1), slice(c, min(c + step, cols))) for c in range(0, cols, step)]
-    step = math.lcm(*(t[0] for t in local))
-    step *= max(1, chunk_elements // max(1, cols * step))
-    return [(slice(r, min(r + step, rows)), slice(0, cols)) for r in range(0, rows, step)]
-
-
-class ChunkReader:
-    """Reads chunks of a tensor's matrix view as float32 (float64 for float64 data).
-
-    Chunks are contiguous element ranges.  A memory-mapped file is read with ``os.preadv``
-    into a fresh buffer rather than through the map: no page faults, and the file's pages
-    do not pile up in the process's memory.  Opens its file lazily, so forked workers each
-    get their own descriptor.
-    """
-
-    def __init__(self, source: TensorSource) -> None:
-        self.array = source.array()
-        rows, cols = matrix_shape(source.shape)
-        self.cols = cols
-        self.matrix = self.array.reshape(rows, cols)
-        self.dtype = np.float64 if self.array.dtype == np.float64 else np.float32
-        arr = self.array
-        self.path = None
-        # only the map itself (its base is the mmap): a view or slice of it keeps the map's
-        # offset attribute but starts elsewhere in the file
-        if (isinstance(arr, np.memmap) and isinstance(arr.base, mmap.mmap)
-                and arr.flags.c_contiguous and getattr(arr, "filename", None)
-                and hasattr(os, "preadv")):
-            self.path, self.offset, self.source_dtype = arr.filename, arr.offset, arr.dtype
-        self.fd = None
-        self.fd_pid = None
-
-    def read(self, rows: slice, cols: slice) -> np.ndarray:
-        shape = (rows.stop - rows.start, cols.stop - cols.start)
-        if self.path is None:
-            block = self.matrix[rows, cols]
-            out = np.empty(block.shape, dtype=self.dtype)
-            np.copyto(out, block, casting="unsafe")
-            return out
-        if self.fd is None or self.fd_pid != os.getpid():
-            self.fd, self.fd_pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        buffer = np.empty(shape, dtype=self.source_dtype)
-        start = self.offset + (rows.start * self.cols + cols.start) * self.source_dtype.itemsize
-        view, done = memoryview(buffer.reshape(-1).view(np.uint8)), 0
-        while done < len(view):
-            got = os.preadv(self.fd, [view[done:]], start + done)
-            if got <= 0:
-                raise DataError(f"{self.path}: the file ended early (truncated while reading?)")
-            done += got
-        return buffer if buffer.dtype == self.dtype else buffer.astype(self.dtype)
-
-    def close(self) -> None:
-        if self.fd is not None and self.fd_pid == os.getpid():
-            os.close(self.fd)
-        self.fd = None
-
-
-_MALLOC_TUNED = False
-
-
-def keep_freed_memory() -> None:
-    """Ask glibc to keep freed chunk buffers for reuse instead of returning them to the OS.
-
-    Every chunk allocates a few arrays of about a megabyte; by default glibc serves those
-    with fresh mmap pages or trims them away on free, and the page faults cost more than
-    the arithmetic (measured: 11 ns instead of 4 ns per element for the statistics).  Raising
-    the mmap and trim thresholds keeps them in the heap.  No effect where glibc is absent.
-    """
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED:
-        return
-    _MALLOC_TUNED = True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 64 << 20)
-        libc.mallopt(m_trim_threshold, 512 << 20)
-    except (OSError, AttributeError):
-        pass
 
 
 def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
@@ -242,21 +139,9 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     """
     workers = default_workers() if workers is None else workers
     schemes = with_product(schemes, product)
-    # what a backend cannot do (formats, rounding modes) is refused before torch is imported
-    casts = [resolve(backend, device, s.format, source.size, s.rounding) for s in schemes]
-    fast = [False] * len(schemes)  # which schemes the fused CUDA kernel runs
-    auto = (Backend(backend) is Backend.AUTO and Device(device) is Device.AUTO
-            and source.size >= AUTO_CUDA_ELEMENTS)
-    if keep is None and auto and gpu_present() and cuda_available():
-        # a large tensor and a GPU with room for it: the schemes the fused kernel takes go there
-        on_gpu = _cuda_fast_path(source, schemes, [(Backend.TORCH, Device.CUDA)] * len(casts))
-        if any(on_gpu) and _fits_on_gpu(source):
-            fast = on_gpu
-            casts = [(Backend.TORCH, Device.CUDA) if g else c for g, c in zip(fast, casts)]
-    elif keep is None:
-        fast = _cuda_fast_path(source, schemes, casts)
+    casts, fast = route(source, schemes, backend, device, writes_output=keep is not None)
     if all(fast):
-        return _quantize_tensor_cuda(source, schemes, progress), None
+        return quantize_on_gpu(source, schemes, progress), None
     rest = [i for i, f in enumerate(fast) if not f]
     if any(casts[i][0] is not Backend.NUMPY for i in rest):
         workers = 1  # torch's thread pools and CUDA do not survive a fork
@@ -273,7 +158,7 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
     # the schemes the fused kernel takes, merged back in order
     merged = dict(zip(rest, results))
     chosen = [i for i, f in enumerate(fast) if f]
-    merged.update(zip(chosen, _quantize_tensor_cuda(source, [schemes[i] for i in chosen], None)))
+    merged.update(zip(chosen, quantize_on_gpu(source, [schemes[i] for i in chosen], None)))
     return [merged[i] for i in range(len(schemes))], kept
 
 
@@ -283,59 +168,6 @@ def with_product(schemes: list[Scheme], product: Product | str | None) -> list[S
         return list(schemes)
     product = Product(product)
     return [s if s.product is product else replace(s, product=product) for s in schemes]
-
-
-def _cuda_fast_path(source: TensorSource, schemes: list[Scheme], casts) -> list[bool]:
-    """Which schemes the fused CUDA kernel (``gpu``) takes on this tensor: torch on CUDA,
-    blocks along the last axis with amax scales, float32/bfloat16/float16 data."""
-    if source.dtype not in ("float32", "bfloat16", "float16") or not any(
-            c == (Backend.TORCH, Device.CUDA) for c in casts):
-        return [False] * len(schemes)
-    from .gpu import available, fast_path_applies
-
-    if not available():
-        return [False] * len(schemes)
-    return [c == (Backend.TORCH, Device.CUDA) and s.product is Product.FLOAT32
-            and fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
-            for s, c in zip(schemes, casts)]
-
-
-def _fits_on_gpu(source: TensorSource) -> bool:
-    """Whether the current GPU's free memory holds the tensor (float32, or a 16-bit float:
-    the kernel's inputs) with a tenth to spare."""
-    import torch
-
-    itemsize = 4 if source.dtype == "float32" else 2
-    return torch.cuda.mem_get_info()[0] > 1.1 * source.size * itemsize
-
-
-def _quantize_tensor_cuda(source: TensorSource, schemes: list[Scheme], progress):
-    """The whole tensor on the GPU, each scheme by the fused kernel (one pass each)."""
-    import torch
-
-    from .gpu import quantize_blocks_cuda
-
-    data = np.ascontiguousarray(source.array())  # a memory map of .npy/.safetensors data
-    bfloat16 = data.dtype == np.dtype("bfloat16") or source.dtype == "bfloat16"
-    with warnings.catch_warnings():  # a read-only map: torch warns, but only reads it here
-        warnings.simplefilter("ignore", UserWarning)
-        try:  # one host-to-device copy of the stored bits, no float64 detour
-            x = torch.from_numpy(data.view(np.int16) if bfloat16 else data).cuda()
-        except torch.cuda.OutOfMemoryError:
-            free = torch.cuda.mem_get_info()[0]
-            raise DataError(f"{source.name}: {data.nbytes / 2**30:.1f} GiB does not fit in "
-                            f"the GPU's free memory ({free / 2**30:.1f} GiB)",
-                            "use --device cpu") from None
-    if bfloat16:
-        x = x.view(torch.bfloat16)
-    results = []
-    for scheme in schemes:
-        scheme = for_tensor(scheme, source.key, len(source.shape))
-        acc, summary = quantize_blocks_cuda(x, scheme)
-        results.append((scheme, acc, summary))
-    if progress:
-        progress(source.size, source.size)
-    return results
 
 
 def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, progress, keep,
