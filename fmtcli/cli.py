@@ -25,7 +25,7 @@ from . import __version__
 from .backends import Backend, Device
 from .conformance import check_backends
 from .errors import DataError, FmtError, UsageError, one_line, shown
-from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, resolve_format
+from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, FormatTable, resolve_format
 from .jsonsafe import dumps
 from .literals import parse_value, parse_values
 from .lossscale import example_gradients, sweep_loss_scales
@@ -311,16 +311,15 @@ def check_not_empty(**options: str | list[str] | None) -> None:
             raise UsageError(f"--{option} must not be empty")
 
 
-def note_skipped(sources) -> list[dict]:
-    """One stderr note per tensor that is not quantized (an int64 position_ids, an empty
-    tensor), and the list for the JSON: ``{"source", "key", "dtype", "shape", "reason"}``."""
+def note_skipped(sources) -> None:
+    """One stderr note per tensor that is left out (an int64 position_ids, an empty tensor);
+    the results list them under ``skipped`` in JSON."""
     skipped = [s for s in sources if s.skipped is not None]
     for s in skipped[:MAX_SKIP_NOTES]:
         note(f"skipped {shown(s.name)} ({s.dtype}, shape "
              f"{'x'.join(map(str, s.shape)) or 'scalar'}): {s.skipped}")
     if len(skipped) > MAX_SKIP_NOTES:
         note(f"skipped {len(skipped) - MAX_SKIP_NOTES:,} more tensors (--json lists them)")
-    return [{**s.to_dict(), "reason": s.skipped} for s in skipped]
 
 
 MAX_SKIP_NOTES = 20
@@ -355,16 +354,17 @@ def writing_results():
                         f"({error.strerror or error})") from None
 
 
-def emit(json_out: bool, result, renderer: str, data=None) -> None:
-    """Print ``result``'s JSON (``data`` if given, else ``result.to_dict()``), or the rich
-    table that ``render.<renderer>(result)`` builds."""
+def emit(result, json_out: bool, **view) -> None:
+    """The one way every command prints its result: ``result.to_dict()`` as one JSON
+    document, or the table ``render.render(result, **view)`` builds for its type (``view``:
+    display options that change no number, e.g. the loss-scale histogram)."""
     with writing_results():
         if json_out:
-            typer.echo(dumps(data if data is not None else result.to_dict()))
+            typer.echo(dumps(result.to_dict()))
         else:
-            from . import render
+            from .render import render
 
-            stdout_console().print(getattr(render, renderer)(result))
+            stdout_console().print(render(result, **view))
 
 
 def version_callback(value: bool) -> None:
@@ -397,7 +397,7 @@ def range_command(
         specs += [s for s in resolve_formats(formats, ()) if s not in specs] if formats else []
     else:
         specs = resolve_formats(formats, ARTICLE_FORMATS)
-    emit(json_out, specs, "render_range", data=[spec.to_dict() for spec in specs])
+    emit(FormatTable(tuple(specs)), json_out)
 
 
 @app.command("underflow", cls=UsageWithEllipsis,
@@ -436,7 +436,7 @@ def underflow_command(
     specs = resolve_formats(format_names, ARTICLE_FORMATS)
     result = underflow_table(parsed, specs, scales, rounding, overflow, seed, backend, device,
                              product=product)
-    emit(json_out, result, "render_underflow")
+    emit(result, json_out)
 
 
 class Compare(str, Enum):
@@ -554,7 +554,7 @@ def quantize_command(
     sources = load_inputs(files, keys) if files else [example_tensor()]
     if out is not None:
         check_not_an_input(out, sources)
-    skipped = note_skipped(sources)
+    note_skipped(sources)
     if main_scheme.granularity is Granularity.COLUMN:
         for s in sources:
             if s.skipped is None and len(s.shape) <= 1 and s.size > 1:
@@ -567,8 +567,7 @@ def quantize_command(
                           product=product)
     finally:
         progress.close()
-    emit(json_out, result, "render_quantize", data={**result.to_dict(), "skipped": skipped}
-         if json_out else None)
+    emit(result, json_out)
 
 
 def granularity(per: Per | None) -> Granularity | None:
@@ -596,7 +595,7 @@ def rule_with_value(rule: ScaleRule | None, percentile: float | None,
 
 
 @app.command("scale-search", cls=UsageWithEllipsis,
-             short_help="Which scale (or loss scale) should I use?")
+             short_help="Which scale should I use? Scale rules side by side.")
 def scale_search_command(
     files: Annotated[Optional[list[str]], typer.Argument(
         metavar="FILE", help="Tensors, as for quantize. None: the article's example (or, "
@@ -617,9 +616,8 @@ def scale_search_command(
         "--over-first-axis", help="Treat the first axis of one tensor as a sequence of "
         "steps (for delayed scaling).")] = False,
     loss_scale: Annotated[bool, typer.Option(
-        "--loss-scale", help="Sweep loss scales 2^0..2^32 over gradients instead; recommends "
-        "the safe scale (one binade of headroom) that flushes least, then has the fewest "
-        "subnormals.")] = False,
+        "--loss-scale", help="Deprecated: use 'fmt loss-scale' (the same sweep of loss "
+        "scales).")] = False,
     histogram: Annotated[bool, typer.Option(
         "--histogram", help="With --loss-scale: a histogram of log2|g| with the format's "
         "regions.")] = False,
@@ -635,15 +633,15 @@ def scale_search_command(
     x_q = cast(x * scale) / scale.  Rules: amax (and margins 1..3), powers of two, MX
     E8M0, percentile clipping, delayed scaling (over steps: several files of one tensor
     each, of one shape, or --over-first-axis; not a checkpoint's tensors) and an MSE
-    search.  Default granularity: one scale per tensor.  --loss-scale: which loss scale
-    keeps FP16 gradients from flushing or overflowing.  Every candidate rounds to
+    search.  Default granularity: one scale per tensor.  Every candidate rounds to
     nearest-even.  Tensors that are not floating point are skipped with a note on stderr.
+    (Which loss scale: 'fmt loss-scale'.)
     """
     check_not_empty(format=format_name, key=keys, tile=tile)
     if not files and keys:
         raise UsageError("--key needs a FILE")
     if histogram and not loss_scale:
-        raise UsageError("--histogram goes with --loss-scale")
+        raise UsageError("--histogram goes with 'fmt loss-scale' (the deprecated --loss-scale)")
     if loss_scale:
         given = [name for name, value in (("--block", block), ("--tile", tile), ("--per", per),
                                           ("--axis", axis)) if value is not None]
@@ -651,18 +649,9 @@ def scale_search_command(
         if given:
             raise UsageError(f"{', '.join(given)} do not apply to --loss-scale (it sweeps one "
                              "scale for all gradients)")
-        spec = resolve_one_format(format_name or "float16")
-        sources = load_inputs(files, keys) if files else [example_gradients()]
-        note_skipped(sources)
-        result = sweep_loss_scales(sources, spec, workers=workers, backend=backend,
-                                   device=device)
-        if json_out:
-            emit(True, result, "")
-        else:
-            from . import render
-
-            with writing_results():
-                stdout_console().print(render.render_loss_scale(result, histogram))
+        note("'fmt scale-search --loss-scale' is deprecated: use 'fmt loss-scale' (same "
+             "options and output)")
+        run_loss_scale(files, format_name, histogram, keys, backend, device, workers, json_out)
         return
     if block is None and tile is None and per is None:
         per = Per.TENSOR
@@ -673,7 +662,49 @@ def scale_search_command(
     result = search_scales(sources, base, metric, history=history,
                            first_axis=over_first_axis, workers=workers, backend=backend,
                            device=device)
-    emit(json_out, result, "render_scale_search")
+    emit(result, json_out)
+
+
+@app.command("loss-scale", cls=UsageWithEllipsis,
+             short_help="Which loss scale keeps my FP16 gradients? 2^0..2^32 swept.")
+def loss_scale_command(
+    files: Annotated[Optional[list[str]], typer.Argument(
+        metavar="FILE", help="Gradients: tensors as for quantize. None: synthetic gradients "
+        "(2**20 values, log2|g| normal with mean -27 and deviation 5).",
+        show_default=False)] = None,
+    format_name: Annotated[Optional[str], typer.Option(
+        "--format", metavar="F", help="Format the gradients are cast to.  [default: "
+        "float16]", show_default=False)] = None,
+    histogram: Annotated[bool, typer.Option(
+        "--histogram", help="Also a histogram of log2|g| with the format's regions "
+        "(flush, subnormal, normal, overflow) at S = 1 and at the recommended scale.")] = False,
+    keys: KeyOption = None,
+    backend: BackendOption = Backend.AUTO,
+    device: DeviceOption = Device.CPU,
+    workers: WorkersOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Which loss scale keeps gradients from flushing or overflowing? g_q = cast(g * S) / S.
+
+    Sweeps S = 2^0 .. 2^32 over the gradients: flushed, subnormal, overflowed (or, where
+    the cast clips, saturated) and kept, exactly, for each S.  Recommends the safe scale
+    with one binade of headroom (nothing overflows at S or 2S) that flushes least, then
+    leaves the fewest subnormal; shows where torch.amp.GradScaler's defaults settle.
+    """
+    run_loss_scale(files, format_name, histogram, keys, backend, device, workers, json_out)
+
+
+def run_loss_scale(files, format_name, histogram, keys, backend, device, workers,
+                   json_out) -> None:
+    """``fmt loss-scale`` (and its deprecated spelling ``scale-search --loss-scale``)."""
+    check_not_empty(format=format_name, key=keys)
+    if not files and keys:
+        raise UsageError("--key needs a FILE")
+    spec = resolve_one_format(format_name or "float16")
+    sources = load_inputs(files, keys) if files else [example_gradients()]
+    note_skipped(sources)
+    result = sweep_loss_scales(sources, spec, workers=workers, backend=backend, device=device)
+    emit(result, json_out, histogram=histogram)
 
 
 @app.command("check-backends", cls=UsageWithEllipsis,
@@ -697,7 +728,7 @@ def check_backends_command(
     """
     names = (formats or []) + (format_names or [])
     specs = resolve_formats(names, ()) if names else list(REGISTRY.values())
-    emit(json_out, check_backends(specs, seed), "render_conformance")
+    emit(check_backends(specs, seed), json_out)
 
 
 def main() -> None:

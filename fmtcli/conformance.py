@@ -105,10 +105,15 @@ class BackendReport:
     def agrees(self) -> bool:
         return self.error is None and not any(m.kind == "value" for m in self.mismatches)
 
+    @property
+    def value_mismatches(self) -> int:
+        """Inputs whose values differ for real (not NaN payloads, not the sign of zero)."""
+        return sum(m.count for m in self.mismatches if m.kind == "value")
+
     def to_dict(self) -> dict:
         return {"format": self.format, "backend": self.backend, "device": self.device,
                 "inputs": self.inputs, "agrees": self.agrees,
-                "value_mismatches": sum(m.count for m in self.mismatches if m.kind == "value"),
+                "value_mismatches": self.value_mismatches,
                 "mismatches": [m.to_dict() for m in self.mismatches], "error": self.error}
 
 

@@ -280,6 +280,17 @@ _CUSTOM = re.compile(
     r"^e(?P<e>\d+)m(?P<m>\d+)(?:_?b(?P<bias>-?\d+))?(?P<kind>fnuz|fnu|fn)?(?:_b(?P<bias2>-?\d+))?$")
 
 
+@dataclass(frozen=True)
+class FormatTable:
+    """The result of ``fmt range``: the formats asked for, in the order given."""
+
+    specs: tuple[FormatSpec, ...]
+
+    def to_dict(self) -> list[dict]:
+        """JSON: one object per format (``FormatSpec.to_dict``)."""
+        return [spec.to_dict() for spec in self.specs]
+
+
 def _ml_dtype_for(name: str):
     import numpy as np
 

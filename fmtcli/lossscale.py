@@ -34,8 +34,7 @@ from .formats import FormatSpec
 from .quantize.parallel import default_workers, run_tasks, shared_array
 from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 from .rounding import OverflowPolicy, RoundingMode, round_to_format
-from .scalesearch import skipped_of
-from .tensors import TensorSource
+from .tensors import TensorInfo, TensorSource, skipped_records
 
 EXPONENTS = tuple(range(0, 33))
 RULE = "no overflow or saturation at S and 2S; then fewest flushed, fewest subnormal, smallest S"
@@ -119,14 +118,34 @@ class ScaleRow:
     def safe(self) -> bool:
         return self.overflow == 0 and self.saturated == 0
 
+    def fraction(self, count: int) -> float:
+        """A count of this row as a fraction of the nonzero finite gradients."""
+        return count / max(self.nonzero, 1)
+
     def to_dict(self) -> dict:
         """Counts with their fraction of the nonzero finite gradients."""
-        n = max(self.nonzero, 1)
         out = {"scale": self.scale, "log2_scale": self.exponent}
         for key in ("flushed", "subnormal", "overflow", "saturated", "kept"):
             out[key] = getattr(self, key)
-            out[f"{key}_fraction"] = getattr(self, key) / n
+            out[f"{key}_fraction"] = self.fraction(getattr(self, key))
         return out
+
+
+@dataclass(frozen=True)
+class GradScalerOutcome:
+    """Where torch.amp.GradScaler's defaults (``GRAD_SCALER``) settle: the exponent of the
+    scale (None: it overflows at every scale swept), about how many steps it takes, and
+    whether that is the top of the sweep (it would grow further)."""
+
+    settles_at_log2: int | None
+    steps_to_settle: int | None
+    capped_at_sweep: bool
+
+    def to_dict(self) -> dict:
+        settle = self.settles_at_log2
+        return {**GRAD_SCALER, "settles_at": None if settle is None else 2.0 ** settle,
+                "settles_at_log2": settle, "steps_to_settle": self.steps_to_settle,
+                "capped_at_sweep": self.capped_at_sweep}
 
 
 @dataclass(frozen=True)
@@ -137,8 +156,13 @@ class LossScaleResult:
     count: int
     rows: tuple[ScaleRow, ...]
     log2_histogram: dict  # floor(log2|g|) -> count, nonzero finite gradients
-    tensors: tuple[dict, ...]
-    skipped: tuple[dict, ...] = ()
+    tensors: tuple[TensorInfo, ...]
+    skipped: tuple[TensorInfo, ...] = ()
+
+    @property
+    def clips(self) -> bool:
+        """Whether the cast gives no inf/NaN here: values beyond max are clipped (saturated)."""
+        return math.isfinite(self.thresholds.saturate)
 
     @property
     def safe(self) -> list[ScaleRow]:
@@ -161,6 +185,11 @@ class LossScaleResult:
             return None
         return min(self.rows, key=lambda r: (r.nonzero - r.kept, r.exponent))
 
+    @property
+    def best_safe_rule(self) -> str:
+        """The rule ``best_safe`` was chosen by (``RULE``, or ``RULE_NO_HEADROOM``)."""
+        return self._best_safe()[1]
+
     def _best_safe(self) -> tuple[ScaleRow | None, str]:
         safe = self.safe
         by_exponent = {r.exponent: r for r in self.rows}
@@ -177,7 +206,8 @@ class LossScaleResult:
         """The recommended scale, by ``RULE`` (None with nothing to sweep or nothing safe)."""
         return self._best_safe()[0]
 
-    def grad_scaler(self) -> dict:
+    @property
+    def grad_scaler(self) -> GradScalerOutcome:
         """Where torch.amp.GradScaler's defaults settle for this tensor seen every step:
         from 2**16 it halves on each overflowing step and doubles after 2000 clean ones, so
         it ends at the largest scale without overflow (then keeps probing twice that and
@@ -199,12 +229,8 @@ class LossScaleResult:
         if settle is not None:
             growth = max(0, settle - start) * GRAD_SCALER["growth_interval"]
             steps = growth + max(0, start - settle)  # each backoff costs one skipped step
-        out = dict(GRAD_SCALER)
-        out.update({"settles_at": None if settle is None else 2.0 ** settle,
-                    "settles_at_log2": settle, "steps_to_settle": steps,
-                    "capped_at_sweep": settle == max(by_exponent) if settle is not None
-                    else False})
-        return out
+        return GradScalerOutcome(settle, steps, settle == max(by_exponent)
+                                 if settle is not None else False)
 
     def to_dict(self) -> dict:
         safe = self.safe
@@ -219,11 +245,11 @@ class LossScaleResult:
             "safe_range": {"min": safe[0].scale, "max": safe[-1].scale} if safe else None,
             "most_kept": None if most_kept is None else most_kept.to_dict(),
             "best_safe": None if best_safe is None else {**best_safe.to_dict(), "rule": rule},
-            "grad_scaler": self.grad_scaler(),
+            "grad_scaler": self.grad_scaler.to_dict(),
             "log2_histogram": [{"log2": k, "count": v}
                                for k, v in sorted(self.log2_histogram.items())],
-            "tensors": list(self.tensors),
-            "skipped": list(self.skipped),
+            "tensors": [t.to_dict() for t in self.tensors],
+            "skipped": skipped_records(self.skipped),
             "notes": self.notes,
         }
 
@@ -289,7 +315,8 @@ def sweep_loss_scales(sources: list[TensorSource], spec: FormatSpec, *,
                  for e, (f, s, o, c) in zip(exps, totals))
     hist = {int(i + LOG2_LOW): int(c) for i, c in enumerate(histogram) if c}
     return LossScaleResult(spec.name, thresholds, nonzero, count, rows, hist,
-                           tuple(s.to_dict() for s in usable), skipped_of(sources))
+                           tuple(s.info() for s in usable),
+                           tuple(s.info() for s in sources if s.skipped is not None))
 
 
 def example_gradients(seed: int = 0) -> TensorSource:

@@ -7,6 +7,7 @@ console) and otherwise the last one as records (one ``header  value`` block per 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -18,10 +19,16 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from .conformance import ConformanceResult
 from .errors import one_line
 from .fates import Fate
-from .formats import FormatSpec
+from .formats import FormatSpec, FormatTable
+from .lossscale import LossScaleResult
 from .plaintable import is_plain, plain_records_lines, plain_table_lines, segments
+from .quantize.results import QuantizeResult, ScaleStats, SchemeStats, TensorResult
+from .scalesearch import Candidate, ScaleSearchResult
+from .schemes import Granularity, Scheme
+from .tensors import TensorInfo
 from .underflow import Stored, UnderflowResult
 
 ELLIPSIS = "\u2026"  # what rich puts where it cuts a cell
@@ -239,9 +246,10 @@ def _range_cells(spec: FormatSpec) -> list[str]:
             _yes(spec.has_inf), _yes(spec.has_nan), _yes(spec.has_negative_zero)]
 
 
-def render_range(specs: Sequence[FormatSpec]) -> Fit:
+def render_range(result: FormatTable) -> Fit:
     """One row per format: layout, range, precision and special values.  Where the rows do
     not fit: formats across, a few per table; then one block per format."""
+    specs = result.specs
     table = Table(title="Number formats", title_justify="left", box=box.SIMPLE_HEAD)
     for header, justify in _RANGE_COLUMNS:
         table.add_column(header, justify=justify)
@@ -312,31 +320,37 @@ def _count_pct(count: int, fraction: float | None) -> str:
     return f"{count:,} ({percent_text(fraction)})"
 
 
-def _scales_text(scales: dict) -> str:
-    if not scales["count"]:
+def _scales_text(scales: ScaleStats) -> str:
+    if not scales.count:
         return "-"
-    low, high = scales["min"], scales["max"]
+    low, high = scales.min, scales.max
     span = value_text(low, 4) if low == high else f"{value_text(low, 4)} .. {value_text(high, 4)}"
-    distinct, more = scales["distinct"], scales["distinct_more_than"]
+    distinct, more = scales.distinct, scales.distinct_more_than
     distinct = (f", {distinct:,} distinct" if distinct is not None else
                 f", >{more:,} distinct" if more is not None else "")  # None, None: not counted
-    nan = f", {scales['nan']:,} NaN" if scales["nan"] else ""
-    count = scales["count"]
+    nan = f", {scales.nan:,} NaN" if scales.nan else ""
+    count = scales.count
     return f"{span}\n{count:,} scale{'' if count == 1 else 's'}{distinct}{nan}"
 
 
+def _sqnr_text(s: SchemeStats) -> str:
+    """'41.2 dB'; '-' where undefined (no signal); inf / -inf as such."""
+    if math.isfinite(s.sqnr_db):
+        return f"{s.sqnr_db:.1f} dB"
+    return "-" if math.isnan(s.sqnr_db) else value_text(s.sqnr_db)
+
+
 _STAT_ROWS = [
-    ("format", lambda s: s.scheme["format"]),
-    ("scale rule", lambda s: s.scheme["scale_rule"] + (f" (margin {s.scheme['margin']})"
-                                                       if s.scheme["margin"] else "")
-     + f", {s.scheme['scale_format']}"),
+    ("format", lambda s: s.scheme.format.name),
+    ("scale rule", lambda s: s.scheme.scale_rule.value + (f" (margin {s.scheme.margin})"
+                                                          if s.scheme.margin else "")
+     + f", {s.scheme.scale_format.value}"),
     ("flushed to zero", lambda s: _count_pct(s.flushed, s.flushed_fraction)),
     ("median rel error", lambda s: percent_text(s.median_rel_error)),
     ("p99 rel error", lambda s: percent_text(s.p99_rel_error)),
     ("max abs error", lambda s: value_text(s.max_abs_error, 4)),
     ("RMSE", lambda s: value_text(s.rmse, 4)),
-    ("SQNR", lambda s: f"{s.sqnr_db:.1f} dB" if math.isfinite(s.sqnr_db)
-     else ("-" if math.isnan(s.sqnr_db) else value_text(s.sqnr_db))),
+    ("SQNR", _sqnr_text),
     ("bias (mean error)", lambda s: value_text(s.bias, 3)),
     ("saturated", lambda s: f"{s.saturated:,}"),
     ("overflowed (inf/NaN)", lambda s: f"{s.overflowed:,}"),
@@ -353,24 +367,26 @@ def user_text(text: object) -> str:
     return one_line(text, 240)
 
 
-def _tensor_title(tensor: dict) -> Text:
-    name = user_text(tensor["source"]) + (f" : {user_text(tensor['key'])}"
-                                           if tensor.get("key") else "")
-    shape = "x".join(str(d) for d in tensor["shape"]) or "scalar"
-    return Text(f"{name}  ({shape}, {tensor['dtype']})")  # a Text: no markup in user names
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape) or "scalar"
+
+
+def _tensor_title(tensor: TensorInfo) -> Text:
+    name = user_text(tensor.source) + (f" : {user_text(tensor.key)}" if tensor.key else "")
+    return Text(f"{name}  ({_shape_text(tensor.shape)}, {tensor.dtype})")  # no markup in names
 
 
 _ROW_STATS = [  # the per-tensor table's columns: header, cell
     ("flushed", lambda s: percent_text(s.flushed_fraction)),
     ("median rel", lambda s: percent_text(s.median_rel_error)),
     ("p99 rel", lambda s: percent_text(s.p99_rel_error)),
-    ("SQNR", _STAT_ROWS[7][1]),
+    ("SQNR", _sqnr_text),
     ("max abs err", lambda s: value_text(s.max_abs_error, 3)),
     ("saturated", lambda s: f"{s.saturated:,}"),
 ]
 
 
-def render_quantize(result) -> Fit:
+def render_quantize(result: QuantizeResult) -> Fit:
     """One tensor: statistics down, schemes across (one block per scheme where that does not
     fit).  Several: a row per tensor and scheme; on a narrow console each tensor's name on
     a line of its own (wrapped after its dots) above its schemes' rows."""
@@ -380,9 +396,8 @@ def render_quantize(result) -> Fit:
         caption += f"; quantiles to within +{first.rel_error_resolution:.2%}"
     if len(result.quantized) == 1 and result.total is None:
         return _render_one_tensor(result.quantized[0], caption)
-    rows = [(Text(user_text(t.tensor["key"] or t.tensor["source"])),
-             "x".join(str(d) for d in t.tensor["shape"]) or "scalar", t.schemes)
-            for t in result.quantized]
+    rows = [(Text(user_text(t.tensor.key or t.tensor.source)), _shape_text(t.tensor.shape),
+             t.schemes) for t in result.quantized]
     if result.total:
         rows.append((Text(f"total of {result.total[0].count:,} values", style="bold"), "",
                      result.total))
@@ -405,21 +420,21 @@ def render_quantize(result) -> Fit:
         for i, s in enumerate(stats):
             cells = [cell(s) for _, cell in _ROW_STATS]
             wide.add_row(DottedName(name.plain, str(name.style)) if i == 0 else "",
-                         shape if i == 0 else "", s.scheme["label"], *cells,
+                         shape if i == 0 else "", s.scheme.label, *cells,
                          end_section=i == len(stats) - 1)
         narrow.add_row(Group(DottedName(name.plain, str(name.style)),
                              *([Text(f"({shape})", style="dim")] if shape else [])), *blank)
         for s in stats:
-            narrow.add_row(Text("  " + s.scheme["label"]), *[cell(s) for _, cell in _ROW_STATS])
+            narrow.add_row(Text("  " + s.scheme.label), *[cell(s) for _, cell in _ROW_STATS])
     return Fit(wide, narrow)
 
 
-def _render_one_tensor(tensor, caption: str) -> Fit:
+def _render_one_tensor(tensor: TensorResult, caption: str) -> Fit:
     across = Table(title=_tensor_title(tensor.tensor), title_justify="left", caption=caption,
                    caption_justify="left", box=box.SIMPLE_HEAD)
     across.add_column("")
     for stats in tensor.schemes:
-        across.add_column(stats.scheme["label"], justify="right")
+        across.add_column(stats.scheme.label, justify="right")
     for label, cell in _STAT_ROWS:
         across.add_row(label, *[cell(s) for s in tensor.schemes])
     down = Table(title=_tensor_title(tensor.tensor), title_justify="left", caption=caption,
@@ -428,45 +443,44 @@ def _render_one_tensor(tensor, caption: str) -> Fit:
     for label, _ in _STAT_ROWS:
         down.add_column(label)
     for stats in tensor.schemes:
-        down.add_row(stats.scheme["label"], *[cell(stats) for _, cell in _STAT_ROWS])
+        down.add_row(stats.scheme.label, *[cell(stats) for _, cell in _STAT_ROWS])
     return Fit(across, fallback=down)
 
 
 # -- fmt scale-search ----------------------------------------------------------------------
 
-def _scale_cell(candidate: dict) -> str:
-    if candidate["scale"] is not None:
-        return value_text(candidate["scale"], 5)
-    scales = candidate["scales"]
-    if scales["min"] is None:
+def _scale_cell(candidate: Candidate) -> str:
+    scales = candidate.stats.scales
+    if scales.single is not None:
+        return value_text(scales.single, 5)
+    if scales.min is None:
         return "NaN"
-    return f"{value_text(scales['min'], 3)} .. {value_text(scales['max'], 3)}"
+    return f"{value_text(scales.min, 3)} .. {value_text(scales.max, 3)}"
 
 
-def render_scale_search(result) -> Fit | Text:
+def render_scale_search(result: ScaleSearchResult) -> Fit | Text:
     """One row per candidate rule; the best by the chosen metric marked.  Two layouts (the
     first that fits the console): roomy with a "<- best" column, compact with the best
     rule starred; else one record per rule.  With nothing to quantize (no candidates), the
     title and the notes that say why."""
-    data = result.to_dict()
-    title = (f"Scale rules for {data['format']}, one scale per "
-             f"{_granularity_text(data['scheme'])}")
-    if not data["candidates"]:
-        return Text("\n".join([title, "", *data["notes"]]))
-    delayed = any("overflow_steps" in c for c in data["candidates"])
-    n, skipped = len(data["tensors"]), len(data["skipped"])
-    caption = (f"x_q = cast(x * scale) / scale; best by {data['metric']}; "
+    title = (f"Scale rules for {result.scheme.format.name}, one scale per "
+             f"{_granularity_text(result.scheme)}")
+    if not result.candidates:
+        return Text("\n".join([title, "", *result.notes]))
+    delayed = any(c.overflow_steps is not None for c in result.candidates)
+    n, skipped = len(result.tensors), len(result.skipped)
+    caption = (f"x_q = cast(x * scale) / scale; best by {result.metric.value}; "
                f"{n:,} tensor{'' if n == 1 else 's'}"
                + (f" ({skipped:,} more skipped)" if skipped else ""))
-    for note in data["notes"]:
+    for note in result.notes:
         caption += f"\n{note}"
-    for c in data["candidates"]:
-        if c["note"]:
-            caption += f"\n{c['name']}: {c['note']}"
+    for c in result.candidates:
+        if c.note:
+            caption += f"\n{c.name}: {c.note}"
 
     def layout(compact: bool) -> Table:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
-                      caption=Text(caption + ("\n* best" if compact and data["best"] else "")),
+                      caption=Text(caption + ("\n* best" if compact and result.best else "")),
                       caption_justify="left", show_edge=not compact,
                       padding=(0, 1 if not compact else 0), pad_edge=not compact)
         table.add_column("rule", no_wrap=True)
@@ -479,17 +493,17 @@ def render_scale_search(result) -> Fit | Text:
             table.add_column("ovf steps" if compact else "overflow steps", justify="right")
         if not compact:
             table.add_column("", no_wrap=True)
-        for c in data["candidates"]:
-            best = c["name"] == data["best"]
-            sqnr = c["sqnr_db"]
-            name = c["name"] + (" *" if compact and best else "")
+        for c in result.candidates:
+            best = c.name == result.best
+            s = c.stats
+            name = c.name + (" *" if compact and best else "")
             cells = [Text(name, style="bold" if best else ""), _scale_cell(c),
-                     percent_text(c["flushed_fraction"]), percent_text(c["saturated_fraction"]),
-                     percent_text(c["median_rel_error"]), percent_text(c["p99_rel_error"]),
-                     f"{sqnr:.1f} dB" if math.isfinite(sqnr) else value_text(sqnr),
-                     value_text(c["mse"], 3)]
+                     percent_text(s.flushed_fraction), percent_text(s.saturated_fraction),
+                     percent_text(s.median_rel_error), percent_text(s.p99_rel_error),
+                     f"{s.sqnr_db:.1f} dB" if math.isfinite(s.sqnr_db) else value_text(s.sqnr_db),
+                     value_text(s.mse, 3)]
             if delayed:
-                cells.append(f"{c['overflow_steps']}/{c['steps']}" if "overflow_steps" in c
+                cells.append(f"{c.overflow_steps}/{c.steps}" if c.overflow_steps is not None
                              else "")
             if not compact:
                 cells.append(Text("<- best", style="bold green") if best else "")
@@ -499,95 +513,94 @@ def render_scale_search(result) -> Fit | Text:
     return Fit(layout(False), layout(True))
 
 
-def _granularity_text(scheme: dict) -> str:
-    g = scheme["granularity"]
-    if g == "block":
-        return f"block of {scheme['block']}" + (" (axis 0)" if scheme["axis"] == 0 else "")
-    if g == "tile":
-        return f"{scheme['tile'][0]}x{scheme['tile'][1]} tile"
-    return g
+def _granularity_text(scheme: Scheme) -> str:
+    g = scheme.granularity
+    if g is Granularity.BLOCK:
+        return f"block of {scheme.block}" + (" (axis 0)" if scheme.axis == 0 else "")
+    if g is Granularity.TILE:
+        return f"{scheme.tile[0]}x{scheme.tile[1]} tile"
+    return g.value
 
 
-def render_loss_scale(result, histogram: bool = False):
+# -- fmt loss-scale ------------------------------------------------------------------------
+
+def render_loss_scale(result: LossScaleResult, histogram: bool = False):
     """The sweep: one row per loss scale, safe ones and the recommendations marked; with
-    nothing to sweep, the note that says so."""
-    from rich.console import Group
-
-    data = result.to_dict()
-    title = (f"Loss scales for {data['format']}: g_q = cast(g * S) / S, "
-             f"{data['nonzero']:,} nonzero gradient{'' if data['nonzero'] == 1 else 's'}")
-    if not data["nonzero"]:
-        return Text("\n".join([title, "", *data["notes"]]))
-    clips = math.isfinite(data["thresholds"]["saturate"])  # no inf/NaN: beyond max clips
+    nothing to sweep, the note that says so.  ``histogram``: bars of log2|g| below."""
+    title = (f"Loss scales for {result.format}: g_q = cast(g * S) / S, "
+             f"{result.nonzero:,} nonzero gradient{'' if result.nonzero == 1 else 's'}")
+    if not result.nonzero:
+        return Text("\n".join([title, "", *result.notes]))
+    clips = result.clips  # no inf/NaN: beyond max clips
     lost = "saturated" if clips else "overflow"
-    best_safe = data["best_safe"]["log2_scale"] if data["best_safe"] else None
-    most = data["most_kept"]["log2_scale"]
-    scaler = data["grad_scaler"]["settles_at_log2"]
+    best_safe = result.best_safe.exponent if result.best_safe else None
+    most_kept = result.most_kept
+    most = most_kept.exponent
+    g = result.grad_scaler
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("S", "flushed", "subnormal", lost, "kept", ""):
         table.add_column(header, justify="left" if header == "" else "right", no_wrap=True)
-    for row in data["scales"]:
-        e = row["log2_scale"]
+    for row in result.rows:
+        e = row.exponent
         marks = []
         if e == best_safe:
             marks.append(f"best without {'saturation' if clips else 'overflow'}")
         if e == most and e != best_safe:
             marks.append("keeps the most")
-        if e == scaler:
+        if e == g.settles_at_log2:
             marks.append("GradScaler settles")
-        style = "" if row[lost] == 0 else "red"
-        table.add_row(Text(f"2^{e}", style=style), percent_text(row["flushed_fraction"]),
-                      percent_text(row["subnormal_fraction"]),
-                      Text(percent_text(row[f"{lost}_fraction"]), style=style),
-                      percent_text(row["kept_fraction"]),
+        style = "" if getattr(row, lost) == 0 else "red"
+        table.add_row(Text(f"2^{e}", style=style), percent_text(row.fraction(row.flushed)),
+                      percent_text(row.fraction(row.subnormal)),
+                      Text(percent_text(row.fraction(getattr(row, lost))), style=style),
+                      percent_text(row.fraction(row.kept)),
                       Text("\n".join(marks), style="bold green" if marks else ""))
-    safe = data["safe_range"]
-    g = data["grad_scaler"]
+    safe = result.safe
     lines = [f"safe scales (no {'saturation' if clips else 'overflow'}): "
-             + (f"2^{int(math.log2(safe['min']))} .. 2^{int(math.log2(safe['max']))}"
-                if safe else "none in 2^0 .. 2^32")]
-    if data["best_safe"]:
+             + (f"2^{safe[0].exponent} .. 2^{safe[-1].exponent}" if safe
+                else "none in 2^0 .. 2^32")]
+    if result.best_safe:
         lines.append(f"best without {'saturation' if clips else 'overflow'}: 2^{best_safe} "
-                     f"(rule: {data['best_safe']['rule']})")
-    lines.append(f"keeps the most: 2^{most} ({percent_text(data['most_kept']['kept_fraction'])}"
+                     f"(rule: {result.best_safe_rule})")
+    lines.append(f"keeps the most: 2^{most} ({percent_text(most_kept.fraction(most_kept.kept))}"
                  f" kept)")
     if clips:
-        lines.append(f"{data['format']} gives no inf/NaN here: values beyond max are clipped "
+        lines.append(f"{result.format} gives no inf/NaN here: values beyond max are clipped "
                      f"(saturated), which GradScaler does not see")
-    if g["settles_at_log2"] is not None:
-        steps = g["steps_to_settle"]
+    if g.settles_at_log2 is not None:
+        steps = g.steps_to_settle
         lines.append(f"torch.amp.GradScaler (start 2^16, x2 after 2000 clean steps, x0.5 on "
-                     f"overflow) settles at 2^{g['settles_at_log2']} after about "
+                     f"overflow) settles at 2^{g.settles_at_log2} after about "
                      f"{steps:,} step{'' if steps == 1 else 's'}"
-                     + (" (the top of the sweep)" if g["capped_at_sweep"] else ""))
+                     + (" (the top of the sweep)" if g.capped_at_sweep else ""))
     parts = [Fit(table), Text("\n".join(lines))]  # a mark per line: fits 80 columns
     if histogram:
-        parts.append(render_log2_histogram(data, best_safe))
+        parts.append(render_log2_histogram(result, best_safe))
     return Group(*parts)
 
 
-def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
+def render_log2_histogram(result: LossScaleResult, scale_log2: int | None) -> Table:
     """Bars of log2|g| per binade, each binade's region in the format at S = 1 and at the
     recommended scale: flush, subnormal, normal, overflow (or saturate, where the cast
     clips instead)."""
-    t = data["thresholds"]
-    edge = min(t["overflow"], t["saturate"])  # one of them is inf
-    beyond = "overflow" if math.isfinite(t["overflow"]) else "saturate"
-    bins = data["log2_histogram"]
-    total = sum(b["count"] for b in bins) or 1
-    peak = max((b["count"] for b in bins), default=1)
+    t = result.thresholds
+    edge = min(t.overflow, t.saturate)  # one of them is inf
+    beyond = "overflow" if math.isfinite(t.overflow) else "saturate"
+    bins = sorted(result.log2_histogram.items())
+    total = sum(n for _, n in bins) or 1
+    peak = max((n for _, n in bins), default=1)
     shift = scale_log2 or 0
 
     def region(k: int, s: int) -> str:
         low = 2.0 ** (k + s)  # the binade [2^k, 2^(k+1)) scaled by 2^s
         high = 2.0 ** (k + s + 1)
-        if high <= t["kept"]:
+        if high <= t.kept:
             return "flush"
         if low >= edge:
             return beyond
-        if high <= t["normal"]:
+        if high <= t.normal:
             return "subnormal"
-        if low >= t["normal"] and high <= edge:
+        if low >= t.normal and high <= edge:
             return "normal"
         return "mixed"
 
@@ -599,8 +612,7 @@ def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
     table.add_column("", no_wrap=True)
     table.add_column("at S = 1")
     table.add_column(f"at S = 2^{shift}")
-    for b in bins:
-        k, n = b["log2"], b["count"]
+    for k, n in bins:
         bar = "█" * max(1, round(30 * n / peak))
         here, there = region(k, 0), region(k, shift)
         table.add_row(str(k), percent_text(n / total), bar, Text(here, style=styles[here]),
@@ -610,7 +622,7 @@ def render_log2_histogram(data: dict, scale_log2: int | None) -> Table:
 
 # -- fmt check-backends --------------------------------------------------------------------
 
-def render_conformance(result) -> Fit:
+def render_conformance(result: ConformanceResult) -> Fit:
     """One row per (format, backend): agreement, then each mismatch class with an example."""
     table = Table(title="Backends against fmtcli's engine (nearest-even, IEEE overflow)",
                   title_justify="left", box=box.SIMPLE_HEAD,
@@ -620,25 +632,42 @@ def render_conformance(result) -> Fit:
                    "example: input -> engine | backend"):
         table.add_column(header, justify="right" if header in ("inputs", "count") else "left")
     for report in result.reports:
-        d = report.to_dict()
-        if d["error"]:
-            verdict = Text(d["error"], style="dim" if d["backend"] == "-" else "bold red")
-            table.add_row(d["format"], d["backend"], f"{d['inputs']:,}", verdict)
+        if report.error:
+            verdict = Text(report.error, style="dim" if report.backend == "-" else "bold red")
+            table.add_row(report.format, report.backend, f"{report.inputs:,}", verdict)
             table.add_section()
             continue
-        verdict = Text("agrees", style="green") if d["agrees"] else Text(
-            f"{d['value_mismatches']:,} differ", style="bold red")
-        head = [d["format"], f"{d['backend']} ({d['device']})", f"{d['inputs']:,}", verdict]
-        if not d["mismatches"]:
+        verdict = Text("agrees", style="green") if report.agrees else Text(
+            f"{report.value_mismatches:,} differ", style="bold red")
+        head = [report.format, f"{report.backend} ({report.device})", f"{report.inputs:,}",
+                verdict]
+        if not report.mismatches:
             table.add_row(*head, "-", "", "", "")
-        for i, m in enumerate(d["mismatches"]):
-            e = m["examples"][0]
-            example = (f"{input_text(e['input'], float32=True)} -> "
-                       f"{input_text(e['reference'], float32=True)} | "
-                       f"{input_text(e['backend'], float32=True)}")
+        for i, m in enumerate(report.mismatches):
+            given, reference, backend = m.examples[0]
+            example = (f"{input_text(given, float32=True)} -> "
+                       f"{input_text(reference, float32=True)} | "
+                       f"{input_text(backend, float32=True)}")
             cells = head if i == 0 else ["", "", "", ""]
-            style = "red" if m["kind"] == "value" else "dim"
-            table.add_row(*cells, m["class"], Text(m["kind"], style=style), f"{m['count']:,}",
+            style = "red" if m.kind == "value" else "dim"
+            table.add_row(*cells, m.input_class, Text(m.kind, style=style), f"{m.count:,}",
                           example)
         table.add_section()
     return Fit(table)
+
+
+# -- one entry for every command -----------------------------------------------------------
+
+@functools.singledispatch
+def render(result, **view):
+    """The rich renderable of a command's result (``view``: display options such as the
+    loss-scale histogram).  Every result type has its renderer registered below."""
+    raise TypeError(f"no renderer for {type(result).__name__}")
+
+
+render.register(FormatTable, render_range)
+render.register(UnderflowResult, render_underflow)
+render.register(QuantizeResult, render_quantize)
+render.register(ScaleSearchResult, render_scale_search)
+render.register(LossScaleResult, render_loss_scale)
+render.register(ConformanceResult, render_conformance)

@@ -41,7 +41,7 @@ from .quantize.results import ScaleSummary, SchemeStats
 from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
-from .tensors import TensorSource
+from .tensors import TensorInfo, TensorSource, skipped_records
 
 
 class Metric(str, Enum):
@@ -69,18 +69,20 @@ class Candidate:
     overflow_steps: int | None = None  # delayed scaling: steps whose amax exceeded the scale
     steps: int | None = None
 
+    @property
+    def scale_rule(self) -> str:
+        """The rule's name in JSON: the scheme's rule, or ``delayed``."""
+        return "delayed" if self.overflow_steps is not None else self.stats.scheme.scale_rule.value
+
     def to_dict(self) -> dict:
         """The rule, then the statistics under the same keys as ``fmt quantize`` (from
         ``SchemeStats.to_dict``: every count with its ``_fraction``, ``rmse`` and ``mse``)."""
         s = self.stats
-        scales = s.scales
-        one = scales["count"] == 1 or (scales["min"] is not None and scales["min"] == scales["max"]
-                                       and scales["distinct"] == 1)
-        rule = "delayed" if self.overflow_steps is not None else s.scheme["scale_rule"]
-        out = {"name": self.name, "scale_rule": rule, "margin": s.scheme["margin"],
-               "percentile": s.scheme["percentile"], "scale_format": s.scheme["scale_format"],
-               "scale": scales["min"] if one else None}
-        out.update({k: v for k, v in s.to_dict().items() if k not in s.scheme})
+        out = {"name": self.name, "scale_rule": self.scale_rule, "margin": s.scheme.margin,
+               "percentile": s.scheme.percentile, "scale_format": s.scheme.scale_format.value,
+               "scale": s.scales.single}
+        scheme = s.scheme.to_dict()
+        out.update({k: v for k, v in s.to_dict().items() if k not in scheme})
         out["note"] = self.note
         if self.overflow_steps is not None:
             out["overflow_steps"] = self.overflow_steps
@@ -94,33 +96,29 @@ class ScaleSearchResult:
     """The candidates, the best (``None`` when nothing ranks), the tensors read and those
     skipped (not floating point, empty), and notes on what was left out and why."""
 
-    scheme: dict
+    scheme: Scheme
     metric: Metric
     candidates: tuple[Candidate, ...]
     best: str | None
-    tensors: tuple[dict, ...]
+    tensors: tuple[TensorInfo, ...]
     steps: int
     notes: tuple[str, ...] = ()
-    skipped: tuple[dict, ...] = ()
+    skipped: tuple[TensorInfo, ...] = ()
     sequence: str | None = None  # what the delayed candidates took as steps
 
     def to_dict(self) -> dict:
-        return {"format": self.scheme["format"], "granularity": self.scheme["granularity"],
-                "scheme": self.scheme, "metric": self.metric.value, "best": self.best,
-                "steps": self.steps, "sequence": self.sequence, "tensors": list(self.tensors),
-                "skipped": list(self.skipped),
+        return {"format": self.scheme.format.name,
+                "granularity": self.scheme.granularity.value,
+                "scheme": self.scheme.to_dict(), "metric": self.metric.value, "best": self.best,
+                "steps": self.steps, "sequence": self.sequence,
+                "tensors": [t.to_dict() for t in self.tensors],
+                "skipped": skipped_records(self.skipped),
                 "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes)}
 
 
 COARSE = np.arange(-1.0, 6.0 + 1e-9, 0.25)  # margins (binades below the amax scale)
 FINE_STEP = 1 / 32
 HISTORY = 1024  # Transformer Engine's default amax_history_len
-
-
-def skipped_of(sources: list[TensorSource]) -> tuple[dict, ...]:
-    """The tensors left out at loading (dtype not a real float, empty), as JSON objects:
-    ``source``, ``key``, ``dtype``, ``shape``, ``reason``."""
-    return tuple({**s.to_dict(), "reason": s.skipped} for s in sources if s.skipped is not None)
 
 
 @dataclass(frozen=True)
@@ -334,8 +332,8 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements
     steps = sequence_of(sources, first_axis)
-    tensors = tuple(s.to_dict() for s in sources if s.skipped is None)
-    skipped = skipped_of(sources)
+    tensors = tuple(s.info() for s in sources if s.skipped is None)
+    skipped = tuple(s.info() for s in sources if s.skipped is not None)
     contents = [content_of(step, workers=workers) for step in steps]
     quantizable = [s for s, c in zip(steps, contents) if c.finite_nonzero]
     empty = [(s, c) for s, c in zip(steps, contents) if not c.finite_nonzero]
@@ -347,7 +345,7 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
     plain = replace(base, scale_rule=ScaleRule.AMAX, margin=0, percentile=None,
                     fixed_scale=None, scale_format=ScaleFormat.FLOAT32, recipe=None)
     if not quantizable:
-        return ScaleSearchResult(plain.to_dict(), metric, (), None, tensors, len(steps),
+        return ScaleSearchResult(plain, metric, (), None, tensors, len(steps),
                                  ("nothing to quantize: no finite nonzero value in the "
                                   "input, so no scale rule has anything to rank",), skipped)
     per_element = _per_element(base, quantizable)
@@ -377,5 +375,5 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
     best = best_of(candidates, metric)
     if best is None:
         notes.append(f"no best: no candidate has a finite {metric.value}")
-    return ScaleSearchResult(plain.to_dict(), metric, tuple(candidates), best, tensors,
+    return ScaleSearchResult(plain, metric, tuple(candidates), best, tensors,
                              len(steps), tuple(notes), skipped, sequence)

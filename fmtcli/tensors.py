@@ -54,6 +54,33 @@ _SAFETENSORS_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()
 _MAX_HEADER = 100 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a result says about one input tensor: where it came from and what it held, and
+    why it was left out (``skipped``: not floating point, empty; None when it was used)."""
+
+    source: str
+    key: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    skipped: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.source if self.key is None else f"{self.source}:{self.key}"
+
+    def to_dict(self) -> dict:
+        """JSON: ``source``, ``key``, ``shape``, ``dtype`` (the reason is the caller's key)."""
+        return {"source": self.source, "key": self.key, "shape": list(self.shape),
+                "dtype": self.dtype}
+
+
+def skipped_records(tensors) -> list[dict]:
+    """The JSON list of the tensors left out (``TensorInfo`` or ``TensorSource``): each
+    object ``source``, ``key``, ``dtype``, ``shape``, ``reason``; every command's ``skipped``."""
+    return [{**t.to_dict(), "reason": t.skipped} for t in tensors if t.skipped is not None]
+
+
 @dataclass
 class TensorSource:
     """One tensor of one input: where it is, what it holds, and how to open it."""
@@ -79,9 +106,12 @@ class TensorSource:
             raise DataError(f"{shown(self.name)}: {self.skipped or 'no data'}")
         return self.opener()
 
+    def info(self) -> TensorInfo:
+        """The description a result keeps (no data, no opener)."""
+        return TensorInfo(self.source, self.key, tuple(self.shape), self.dtype, self.skipped)
+
     def to_dict(self) -> dict:
-        return {"source": self.source, "key": self.key, "shape": list(self.shape),
-                "dtype": self.dtype}
+        return self.info().to_dict()
 
 
 def dtype_name(dtype: np.dtype) -> str:

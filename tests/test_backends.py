@@ -81,7 +81,7 @@ def test_auto_stays_on_the_cpu_without_a_gpu(monkeypatch):
     monkeypatch.setattr(cuda, "cuda_available", lambda: pytest.fail("asked torch for CUDA"))
     stats = quantize([source], [build_scheme(block=128)], backend="auto",
                        device="auto").tensors[0].schemes[0]
-    assert stats.scales["distinct"] is not None
+    assert stats.scales.distinct is not None
 
 
 def test_torch_backend_without_torch_names_the_install(monkeypatch):

@@ -189,7 +189,7 @@ def test_quantize_json_without_skipped_tensors_has_an_empty_list():
     assert doc["skipped"] == []
 
 
-@pytest.mark.parametrize("command", [["scale-search"], ["scale-search", "--loss-scale"]])
+@pytest.mark.parametrize("command", [["scale-search"], ["loss-scale"]])
 def test_scale_search_notes_each_skipped_tensor_once(tmp_path, command):
     np.savez(tmp_path / "c.npz", ids=np.arange(8), w=np.linspace(-1, 1, 64, dtype=np.float32))
     result = invoke(*command, tmp_path / "c.npz")
@@ -348,7 +348,7 @@ def test_reserving_the_npy_blocks_fails_cleanly_on_a_full_disk(tmp_path, monkeyp
 
 ASCII_COMMANDS = [["range"], ["range", "--all"], ["underflow", "1e-8", "68.00000357"],
                   ["underflow", "1e-8", "--scale", "1024"], ["quantize"],
-                  ["scale-search"], ["scale-search", "--loss-scale", "--histogram"],
+                  ["scale-search"], ["loss-scale", "--histogram"],
                   ["check-backends", "e2m1"]]
 
 
@@ -377,7 +377,7 @@ def test_a_path_with_a_newline_makes_a_one_line_error(tmp_path):
 @pytest.mark.parametrize("args", [
     ["quantize", "--format", ""], ["quantize", "--format", " "], ["quantize", "--recipe", ""],
     ["quantize", "--tile", ""], ["scale-search", "--format", ""], ["scale-search", "--tile", ""],
-    ["scale-search", "--loss-scale", "--format", ""], ["underflow", "1", "--format", ""],
+    ["loss-scale", "--format", ""], ["underflow", "1", "--format", ""],
     ["underflow", "1", "--scale", ""], ["underflow", ""], ["range", ""],
     ["check-backends", ""], ["check-backends", "--format", ""],
     ["quantize", "--format", "e4m3,"], ["range", "e4m3,,e5m2"], ["underflow", "1,,2"],
@@ -520,7 +520,7 @@ JSON_RUNS = [
     ["quantize", "--chunk", str(2**62), "--workers", "1024"],
     ["quantize", "--format", "e4m3", "--format", "e5m2"],
     ["quantize", "--overflow", "ieee", "--format", "e2m1", "--per", "tensor"],
-    ["scale-search"], ["scale-search", "--loss-scale"], ["check-backends", "e2m1"],
+    ["scale-search"], ["loss-scale"], ["check-backends", "e2m1"],
 ]
 
 

@@ -341,7 +341,7 @@ def test_float32_and_float64_files_of_the_same_values_agree():
     scheme = build_scheme(**kwargs)
     exact = [quantize([source(np.array([9.0, 0.375], dt))], [scheme], workers=1,
                       product="exact").tensors[0].schemes[0] for dt in (np.float32, np.float64)]
-    assert exact[0].flushed == exact[1].flushed == 0 and exact[0].scheme["product"] == "exact"
+    assert exact[0].flushed == exact[1].flushed == 0 and exact[0].scheme.product.value == "exact"
 
 
 def test_underflow_product_option():

@@ -64,8 +64,8 @@ def assert_same(cpu, gpu):
         a, b = getattr(cpu, key), getattr(gpu, key)
         assert (np.isclose(a, b, rtol=1e-5, atol=1e-12) or a == b
                 or (np.isnan(a) and np.isnan(b))), (key, a, b)
-    assert (gpu.scales["min"], gpu.scales["max"]) == (cpu.scales["min"], cpu.scales["max"])
-    assert gpu.scales["count"] == cpu.scales["count"]
+    assert (gpu.scales.min, gpu.scales.max) == (cpu.scales.min, cpu.scales.max)
+    assert gpu.scales.count == cpu.scales.count
 
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float16", "float6_e2m3fn",
@@ -117,7 +117,7 @@ def test_quantize_takes_the_fast_path_on_cuda():
     schemes = [build_scheme(block=128)]
     result = quantize([source], schemes, backend="torch", device="cuda")
     stats = result.tensors[0].schemes[0]
-    assert stats.scales["distinct"] is None  # the CUDA path does not count distinct scales
+    assert stats.scales.distinct is None  # the CUDA path does not count distinct scales
     cpu = quantize([source], schemes).tensors[0].schemes[0]
     assert (stats.flushed, stats.median_rel_error) == (cpu.flushed, cpu.median_rel_error)
 
@@ -185,7 +185,7 @@ def test_schemes_the_kernel_does_not_take_run_beside_it():
     cuda = quantize([source], schemes, backend="torch", device="cuda").tensors[0].schemes
     cpu = quantize([source], schemes).tensors[0].schemes
     assert [s.scheme for s in cuda] == [s.scheme for s in cpu]
-    assert cuda[0].scales["distinct"] is not None and cuda[1].scales["distinct"] is None
+    assert cuda[0].scales.distinct is not None and cuda[1].scales.distinct is None
     for a, b in zip(cuda, cpu):
         assert (a.flushed, a.median_rel_error, a.p99_rel_error) == (
             b.flushed, b.median_rel_error, b.p99_rel_error)
@@ -217,10 +217,10 @@ def test_auto_sends_large_tensors_to_the_gpu(monkeypatch):
     monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", data.size)
     auto = quantize([source], schemes, backend="auto", device="auto").tensors[0].schemes
     cpu = quantize([source], schemes).tensors[0].schemes
-    assert auto[1].scales["distinct"] is None  # the kernel's (it does not count them)
-    assert auto[0].scales["distinct"] == cpu[0].scales["distinct"]
+    assert auto[1].scales.distinct is None  # the kernel's (it does not count them)
+    assert auto[0].scales.distinct == cpu[0].scales.distinct
     for a, b in zip(auto, cpu):
         assert (a.flushed, a.median_rel_error) == (b.flushed, b.median_rel_error)
     monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", data.size + 1)
     small = quantize([source], schemes, backend="auto", device="auto").tensors[0].schemes
-    assert small[1].scales["distinct"] is not None  # below the threshold: the CPU engine
+    assert small[1].scales.distinct is not None  # below the threshold: the CPU engine

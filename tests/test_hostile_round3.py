@@ -44,7 +44,7 @@ MARKUP_KEYS = {"[/bad]": np.zeros(4), "[bold red]x": np.ones(4), "ok": np.arange
 
 
 @pytest.mark.parametrize("command", [["quantize"], ["scale-search"],
-                                     ["scale-search", "--loss-scale"],
+                                     ["loss-scale"],
                                      ["quantize", "--per", "column"]])
 def test_names_with_rich_markup_are_shown_as_written(tmp_path, command):
     """A checkpoint key like '[/bad]' is text, not markup (it crashed scale-search's caption
@@ -73,7 +73,7 @@ def test_control_characters_in_names_are_escaped_in_tables(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [["range"], ["quantize", "--json"], ["--version"], [],
-                                  ["quantize", "--help"], ["scale-search", "--loss-scale"]])
+                                  ["quantize", "--help"], ["loss-scale"]])
 def test_a_full_disk_on_stdout_is_one_error_line(args):
     with open("/dev/full", "w") as full:
         done = fmt(*args, stdout=full)

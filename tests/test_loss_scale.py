@@ -32,7 +32,7 @@ F32 = np.float32
 # -- helpers ----------------------------------------------------------------------------
 
 def sweep(*args, input: str | None = None) -> dict:
-    result = invoke("scale-search", "--loss-scale", *args, "--json", input=input)
+    result = invoke("loss-scale", *args, "--json", input=input)
     assert_no_traceback(result)
     assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
     return strict_loads(result.stdout)
@@ -357,7 +357,7 @@ def test_built_in_example_has_many_values_below_fp16_and_loss_scaling_fixes_it()
 
 
 def test_built_in_example_table():
-    result = invoke("scale-search", "--loss-scale")
+    result = invoke("loss-scale")
     assert_no_traceback(result)
     assert result.exit_code == 0 and result.stderr == ""
     out = result.stdout
@@ -386,7 +386,7 @@ def test_histogram_table_marks_the_regions(tmp_path):
     # 2**-40 flushes, 2**-20 is subnormal, 1 is normal, 2**17 overflows (at S = 1)
     g = np.array([2.0 ** -40, 2.0 ** -20, 1.0, 1.5, 2.0 ** 17, -2.0 ** 17], np.float32)
     path = save(tmp_path / "g.npy", g)
-    result = invoke("scale-search", path, "--loss-scale", "--histogram")
+    result = invoke("loss-scale", path, "--histogram")
     assert_no_traceback(result)
     assert result.exit_code == 0, result.stderr
     table = result.stdout[result.stdout.index("log2|g|"):]
@@ -425,7 +425,7 @@ def test_every_input_kind(tmp_path, kind):
 
 @pytest.mark.parametrize("text", ["1e-300 0.001", "1e300 0.001"])
 def test_float64_gradients_beyond_float32_range(text):
-    result = invoke("scale-search", "-", "--loss-scale", "--json", input=text)
+    result = invoke("loss-scale", "-", "--json", input=text)
     assert_no_traceback(result)
     assert result.exit_code == 0, result.stderr
     doc = strict_loads(result.stdout)
@@ -440,7 +440,7 @@ def test_float64_gradients_beyond_float32_range(text):
 
 def test_formats_without_zero_are_a_usage_error(tmp_path):
     path = save(tmp_path / "g.npy", np.ones(8, np.float32))
-    assert_one_error_line(invoke("scale-search", path, "--loss-scale", "--format", "e8m0"),
+    assert_one_error_line(invoke("loss-scale", path, "--format", "e8m0"),
                           2, "no zero")
 
 
@@ -450,7 +450,7 @@ def test_formats_without_zero_are_a_usage_error(tmp_path):
     (["/nonexistent/dir/g.npy"], 1, "no such file"),
 ])
 def test_loss_scale_errors(args, code, fragment):
-    assert_one_error_line(invoke("scale-search", "--loss-scale", *args), code, fragment)
+    assert_one_error_line(invoke("loss-scale", *args), code, fragment)
 
 
 def test_loss_scale_on_a_checkpoint_key(tmp_path: Path):
@@ -460,3 +460,20 @@ def test_loss_scale_on_a_checkpoint_key(tmp_path: Path):
     doc = sweep(tmp_path / "grads.npz", "--key", "b")
     assert [t["key"] for t in doc["tensors"]] == ["b"]
     assert_rows_match(doc, direct_counts([b]), "key b")
+
+
+@pytest.mark.parametrize("args", [[], ["--json"], ["--histogram"], ["--format", "bf16", "--json"]])
+def test_the_old_spelling_still_works_with_a_deprecation_note(args):
+    """``fmt scale-search --loss-scale`` is ``fmt loss-scale`` with one note on stderr:
+    the same stdout, byte for byte."""
+    new = invoke("loss-scale", *args)
+    old = invoke("scale-search", "--loss-scale", *args)
+    assert new.exit_code == old.exit_code == 0
+    assert old.stdout == new.stdout and new.stderr == ""
+    assert old.stderr.startswith("Note: 'fmt scale-search --loss-scale' is deprecated: use "
+                                 "'fmt loss-scale'") and old.stderr.count("\n") == 1
+
+
+def test_loss_scale_refuses_what_belongs_to_scale_search():
+    for args in (["--block", "32"], ["--per", "tensor"], ["--metric", "mse"]):
+        assert_one_error_line(invoke("loss-scale", *args), 2, "No such option")

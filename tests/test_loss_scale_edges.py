@@ -13,7 +13,7 @@ from test_scale_search import save
 
 
 def table(*args) -> str:
-    result = invoke("scale-search", "--loss-scale", *args)
+    result = invoke("loss-scale", *args)
     assert_no_traceback(result)
     assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
     return result.stdout
@@ -126,7 +126,7 @@ FORMATS = ["float16", "bf16", "e5m2", "e4m3fnuz", "e2m1", "e2m3", "e3m1", "e5m0"
 @pytest.mark.parametrize("data", list(BATTERY.values()), ids=list(BATTERY))
 def test_battery(tmp_path, data, fmt):
     path = save(tmp_path / "g.npy", data)
-    result = invoke("scale-search", "--loss-scale", path, "--format", fmt, "--json")
+    result = invoke("loss-scale", path, "--format", fmt, "--json")
     assert_no_traceback(result)
     assert "RuntimeWarning" not in result.stderr
     if fmt == "e8m0":
@@ -139,6 +139,6 @@ def test_battery(tmp_path, data, fmt):
         assert row["kept"] + row["flushed"] + row["overflow"] + row["saturated"] == doc["nonzero"]
     best = doc["best_safe"]
     assert best is None or (best["overflow"] == best["saturated"] == 0)
-    shown_table = invoke("scale-search", "--loss-scale", path, "--format", fmt, "--histogram")
+    shown_table = invoke("loss-scale", path, "--format", fmt, "--histogram")
     assert_no_traceback(shown_table)
     assert shown_table.exit_code == 0 and "RuntimeWarning" not in shown_table.stderr

@@ -261,7 +261,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     base = 0
     for source in sources:
         if source.skipped is not None:
-            tensors.append(TensorResult(source.to_dict(), (), source.skipped))
+            tensors.append(TensorResult(source.info(), ()))
             continue
         writer = sink = codes = None
         if keep is not None and to_npy:
@@ -296,7 +296,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
             stats.append(SchemeStats.from_accumulator(scheme, acc, summary))
             totals[i].merge(acc)
             total_scales[i].merge(summary)
-        tensors.append(TensorResult(source.to_dict(), tuple(stats), None))
+        tensors.append(TensorResult(source.info(), tuple(stats)))
         if writer is not None:
             writer.close()
         elif codes is not None:

@@ -1,4 +1,6 @@
-"""Result objects of ``fmt quantize``: frozen dataclasses with ``to_dict()`` for JSON."""
+"""Result objects of ``fmt quantize``: frozen dataclasses with ``to_dict()`` for JSON.
+
+Renderers read their attributes; ``to_dict()`` is the JSON document and nothing else."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..schemes import Scheme
+from ..tensors import TensorInfo, skipped_records
 from .metrics import REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_sum
 
 DISTINCT_CAP = 1 << 16
@@ -69,20 +73,49 @@ class ScaleSummary:
         if not self.capped:
             self._fold(other.values)
 
-    def to_dict(self) -> dict:
+    def stats(self) -> ScaleStats:
+        """The summary as a result keeps it (frozen)."""
         known = self.count - self.nan
-        return {"count": self.count, "min": self.low if known else None,
-                "max": self.high if known else None,
-                "distinct": None if self.capped or not self.counted else int(self.values.size),
-                "distinct_more_than": DISTINCT_CAP if self.capped and self.counted else None,
+        return ScaleStats(
+            count=self.count, min=self.low if known else None,
+            max=self.high if known else None,
+            distinct=None if self.capped or not self.counted else int(self.values.size),
+            distinct_more_than=DISTINCT_CAP if self.capped and self.counted else None,
+            nan=self.nan)
+
+
+@dataclass(frozen=True)
+class ScaleStats:
+    """The scales a scheme used: how many, their range (None when all are NaN), how many
+    distinct values (None where not counted: past ``DISTINCT_CAP``, then
+    ``distinct_more_than`` says so, or on the CUDA path) and how many NaN."""
+
+    count: int
+    min: float | None
+    max: float | None
+    distinct: int | None
+    distinct_more_than: int | None
+    nan: int
+
+    @property
+    def single(self) -> float | None:
+        """The one scale every block used, or None where they differ."""
+        if self.count == 1 or (self.min is not None and self.min == self.max
+                               and self.distinct == 1):
+            return self.min
+        return None
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "min": self.min, "max": self.max,
+                "distinct": self.distinct, "distinct_more_than": self.distinct_more_than,
                 "nan": self.nan}
 
 
 @dataclass(frozen=True)
 class SchemeStats:
-    """Statistics of one tensor (or the total) under one scheme."""
+    """Statistics of one tensor (or the total) under one scheme (as applied to the tensor)."""
 
-    scheme: dict
+    scheme: Scheme
     count: int
     nonzero: int
     zeros: int
@@ -99,7 +132,7 @@ class SchemeStats:
     mse: float
     sqnr_db: float
     bias: float
-    scales: dict
+    scales: ScaleStats
     rel_error_resolution: float = REL_ERROR_RESOLUTION
 
     @classmethod
@@ -126,13 +159,13 @@ class SchemeStats:
             mse = rmse = max_abs = math.inf
             sqnr, bias = -math.inf, math.nan
         return cls(
-            scheme=scheme.to_dict(), count=acc.count, nonzero=acc.nonzero, zeros=acc.zeros,
+            scheme=scheme, count=acc.count, nonzero=acc.nonzero, zeros=acc.zeros,
             nonfinite_inputs=acc.nonfinite_inputs, flushed=acc.flushed,
             flushed_fraction=acc.flushed / acc.nonzero if acc.nonzero else 0.0,
             saturated=acc.saturated, overflowed=acc.overflowed, nan_produced=acc.nan_produced,
             median_rel_error=acc.quantile(0.5), p99_rel_error=acc.quantile(0.99),
             max_abs_error=max_abs, rmse=rmse, mse=mse, sqnr_db=sqnr, bias=bias,
-            scales=scales.to_dict())
+            scales=scales.stats())
 
     @property
     def saturated_fraction(self) -> float:
@@ -152,13 +185,13 @@ class SchemeStats:
     def to_dict(self) -> dict:
         """JSON keys: every count statistic ``X`` comes with ``X_fraction`` (``flushed`` over
         ``nonzero`` inputs, the others over ``count``), and the error with ``rmse`` and ``mse``."""
-        out = dict(self.scheme)
+        out = self.scheme.to_dict()
         out.update({k: getattr(self, k) for k in (
             "count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flushed_fraction",
             "saturated", "saturated_fraction", "overflowed", "overflowed_fraction",
             "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
             "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution")})
-        out["scales"] = self.scales
+        out["scales"] = self.scales.to_dict()
         return out
 
 
@@ -166,12 +199,16 @@ class SchemeStats:
 class TensorResult:
     """One input tensor: where it came from, and its statistics per scheme (or why not)."""
 
-    tensor: dict
+    tensor: TensorInfo
     schemes: tuple[SchemeStats, ...]
-    skipped: str | None = None
+
+    @property
+    def skipped(self) -> str | None:
+        """Why the tensor was left out (None: it was quantized)."""
+        return self.tensor.skipped
 
     def to_dict(self) -> dict:
-        out = dict(self.tensor)
+        out = self.tensor.to_dict()
         if self.skipped:
             out["skipped"] = self.skipped
         else:
@@ -181,11 +218,12 @@ class TensorResult:
 
 @dataclass(frozen=True)
 class QuantizeResult:
-    """Every tensor's statistics and, for several tensors, the total per scheme."""
+    """Every tensor's statistics and, for several tensors, the total per scheme; the
+    tensors left out (``skipped``: not floating point, empty) and what ``--out`` wrote."""
 
     tensors: tuple[TensorResult, ...]
     total: tuple[SchemeStats, ...] | None
-    schemes: tuple
+    schemes: tuple[Scheme, ...]
     output: dict | None = None
 
     @property
@@ -202,4 +240,5 @@ class QuantizeResult:
         }
         if self.output:
             out["output"] = self.output
+        out["skipped"] = skipped_records(t.tensor for t in self.tensors)
         return out
