@@ -10,6 +10,7 @@ RuntimeWarning) becomes one line ``Note: ...`` on stderr.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import warnings
@@ -48,6 +49,39 @@ def show_tracebacks() -> bool:
 
 def error_line(message: object) -> None:
     typer.echo(f"Error: {one_line(message)}", err=True)
+
+
+# The library names its parameters as Python keywords (``block=0``, ``use product='exact'``,
+# ``pass force=True``); on the command line they are options.  Library parameter -> flag:
+FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
+         "margin": "--margin", "percentile": "--percentile", "fixed_scale": "--fixed-scale",
+         "scale_rule": "--scale-rule", "recipe": "--recipe", "compare": "--compare",
+         "history": "--history", "first_axis": "--over-first-axis", "seed": "--seed",
+         "out": "--out", "force": "--force", "key": "--key", "backend": "--backend",
+         "device": "--device", "product": "--product", "rounding": "--rounding",
+         "overflow": "--overflow", "format": "--format", "workers": "--workers",
+         "chunk": "--chunk", "metric": "--metric"}
+KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
+PLAIN_VALUE = re.compile(r"[-+\w./]+")
+
+
+def as_options(error: FmtError) -> str:
+    """A library error as the command line says it: each ``name=value`` naming a library
+    parameter becomes the option and its value (``block=0`` -> ``--block 0``,
+    ``product='exact'`` -> ``--product exact``, ``force=True`` -> ``--force``); quotes stay
+    around values that need them (paths with spaces)."""
+    def option(match: re.Match) -> str:
+        flag = FLAGS.get(match["name"])
+        if flag is None:
+            return match[0]
+        value = match["value"]
+        if value == "True":
+            return flag
+        if value.startswith("'") and PLAIN_VALUE.fullmatch(value[1:-1]):
+            value = value[1:-1]
+        return f"{flag} {value}"
+
+    return KEYWORD.sub(option, str(error))
 
 
 def note(message: str) -> None:
@@ -97,7 +131,7 @@ class OneLineErrors(TyperGroup):
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             return code if isinstance(code, int) else 0
         except FmtError as error:
-            error_line(error)
+            error_line(as_options(error))
             return error.exit_code
         except typer.Abort:
             typer.echo("Aborted.", err=True)

@@ -251,7 +251,7 @@ def sequence_of(sources: list[TensorSource], first_axis: bool) -> list[TensorSou
     if not first_axis:
         return usable
     if len(usable) != 1 or len(usable[0].shape) < 2:
-        raise UsageError("--over-first-axis needs one tensor with at least two dimensions")
+        raise UsageError("first_axis=True needs one tensor with at least two dimensions")
     source = usable[0]
     steps = []
     for t in range(source.shape[0]):
@@ -327,7 +327,7 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
     """Evaluate every candidate rule for ``base``'s format and granularity; the best by
     ``metric`` (ties: the first listed)."""
     if history < 1:
-        raise UsageError(f"--history must be >= 1, got {history}")
+        raise UsageError(f"history={history}: an amax history must be >= 1 step long")
     options = {"seed": seed, "workers": workers, "backend": backend, "device": device}
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements

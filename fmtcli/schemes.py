@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from .errors import UsageError
+from .errors import UsageError, shown
 from .formats import FormatSpec, get_format
 from .rounding import OverflowPolicy, RoundingMode
 from .scaling import MX_RULES, Product, ScaleRule
@@ -65,17 +65,17 @@ class Scheme:
 
     def __post_init__(self) -> None:
         if self.block < 1:
-            raise UsageError(f"--block must be >= 1, got {self.block}")
+            raise UsageError(f"block={self.block}: a block size must be >= 1")
         if self.tile[0] < 1 or self.tile[1] < 1:
             raise UsageError(f"tile sides must be >= 1, got {self.tile[0]}x{self.tile[1]}")
         if self.axis not in (0, -1):
-            raise UsageError(f"--axis must be -1 (last) or 0 (first), got {self.axis}")
+            raise UsageError(f"axis={self.axis}: the block axis must be -1 (last) or 0 (first)")
         if not -16 <= self.margin <= 64:
-            raise UsageError(f"--margin must be 0..64, got {self.margin}")
+            raise UsageError(f"margin={self.margin}: a margin must be 0..64")
         if (self.scale_rule is ScaleRule.PERCENTILE) != (self.percentile is not None):
-            raise UsageError("the percentile rule and --percentile go together")
+            raise UsageError("the percentile rule and percentile= go together")
         if self.percentile is not None and not 0 < self.percentile <= 100:
-            raise UsageError(f"--percentile must be in (0, 100], got {self.percentile}")
+            raise UsageError(f"percentile={self.percentile}: a percentile must be in (0, 100]")
         if (self.scale_rule is ScaleRule.FIXED) != (self.fixed_scale is not None):
             raise UsageError("the fixed rule and a fixed scale go together")
         if self.fixed_scale is not None:
@@ -83,7 +83,7 @@ class Scheme:
                 raise UsageError(f"a fixed scale must be positive and finite, got "
                                  f"{self.fixed_scale}")
             if self.granularity is not Granularity.TENSOR:
-                raise UsageError("a fixed scale is one scale per tensor (--per tensor)")
+                raise UsageError("a fixed scale is one scale per tensor (per='tensor')")
         if self.scale_rule in MX_RULES and self.scale_format is ScaleFormat.FLOAT32:
             object.__setattr__(self, "scale_format", ScaleFormat.E8M0)
         if self.scale_format is ScaleFormat.E8M0 and self.scale_rule not in MX_RULES:
@@ -144,9 +144,9 @@ def parse_tile(text: str) -> tuple[int, int]:
     try:
         rows, cols = (int(p) for p in parts)
     except ValueError:
-        raise UsageError(f"--tile must look like 128x128 or 1x128, got '{text}'") from None
+        raise UsageError(f"tile={shown(text)}: a tile must look like 128x128 or 1x128") from None
     if rows < 1 or cols < 1:
-        raise UsageError(f"--tile sides must be >= 1, got '{text}'")
+        raise UsageError(f"tile={shown(text)}: tile sides must be >= 1")
     return rows, cols
 
 
@@ -219,7 +219,8 @@ def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
     the percentile rule, ``fixed_scale`` (x_q = cast(x * fixed_scale) / fixed_scale) with the
     fixed rule; Scheme checks that they do.
     """
-    given = [name for name, value in (("--block", block), ("--tile", tile), ("--per", per))
+    given = [f"{name}={value!r}" for name, value in (("block", block), ("tile", tile),
+                                                     ("per", per and Granularity(per).value))
              if value is not None]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are alternatives: give one")
@@ -235,7 +236,8 @@ def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
         fields.update(granularity=Granularity.TILE, tile=parse_tile(tile), weight_tile=None)
     if per is not None:
         if per in (Granularity.BLOCK, Granularity.TILE):
-            raise UsageError("--per takes tensor, row or column; use --block N or --tile RxC")
+            raise UsageError(f"per={Granularity(per).value!r}: per takes tensor, row or column "
+                             "(blocks and tiles: block=N or tile='RxC')")
         fields.update(granularity=per, weight_tile=None)
     if axis is not None:
         fields["axis"] = axis
@@ -270,4 +272,4 @@ def comparison_schemes(main: Scheme, compare: str) -> list[Scheme]:
     if compare == "all":
         return [Scheme(rounding=main.rounding, overflow=main.overflow, **recipe_fields(name))
                 for name in STANDARD_RECIPES]
-    raise UsageError(f"--compare takes tensor, none or all, got '{compare}'")
+    raise UsageError(f"compare={shown(compare)}: compare takes tensor, none or all")

@@ -449,7 +449,7 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
         if not matched:
             keys = [shown(s.key) for s in sources if s.key is not None]
             listing = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
-            raise DataError(f"no tensor matches --key {shown(pattern)}",
+            raise DataError(f"no tensor matches key={shown(pattern)}",
                             f"available: {listing}" if keys else "these inputs have no keys")
         chosen.extend(s for s in matched if s not in chosen)
     return chosen

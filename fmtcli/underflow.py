@@ -119,18 +119,18 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
     the format's name, so a format's draws do not depend on which others are listed.
     """
     if not values:
-        raise UsageError("no values given", "e.g. fmt underflow 1e-8 --scale 4096")
+        raise UsageError("no values given")
     if not formats:
         raise UsageError("no formats given")
     if seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
+        raise UsageError(f"seed={seed}: a seed must be >= 0")
     narrow = Product(product) is Product.FLOAT32
     for scale in scales:
         if not np.isfinite(scale) or scale <= 0:
             raise UsageError(f"a scale must be a positive finite number, got {scale!r}")
         if narrow and not (F32_TINY <= scale <= F32_MAX):
             raise UsageError(f"the scale {scale!r} is not a normal float32 (the float32 "
-                             "product)", "use --product exact")
+                             "product)", "use product='exact'")
     x = np.asarray(values, dtype=np.float64)
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:

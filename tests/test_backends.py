@@ -54,7 +54,7 @@ def test_torch_e4m3fn_eager_cast_saturates_where_the_engine_gives_nan():
 
 
 def test_resolve_usage_errors():
-    with pytest.raises(UsageError, match="needs --backend torch"):
+    with pytest.raises(UsageError, match="needs backend='torch'"):
         resolve("numpy", "cuda", E4M3)
     with pytest.raises(UsageError, match="no eager cast"):
         resolve("torch", "cpu", get_format("float6_e2m3fn"))

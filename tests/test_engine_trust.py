@@ -372,7 +372,7 @@ def test_float64_beyond_float32_range(kwargs):
         warnings.simplefilter("error")  # no RuntimeWarning (overflow in maximum, ...)
         with pytest.raises(DataError, match=r"'big'.*beyond float32's range") as caught:
             quantize([source(BIG64, name="big")], [scheme], workers=1)
-        assert "--product exact" in str(caught.value)
+        assert "product='exact'" in str(caught.value)
         d = quantize([source(BIG64, name="big")], [scheme], workers=1,
                      product="exact").tensors[0].schemes[0].to_dict()
     for key in ("rmse", "sqnr_db", "max_abs_error", "bias", "median_rel_error", "p99_rel_error"):

@@ -187,7 +187,7 @@ class ChunkKernel:
                 raise DataError(f"{shown(self.name)}: a value of magnitude {big:.4g} lies "
                                 "beyond float32's range (3.4e38), where the float32 product "
                                 "x * scale cannot hold it",
-                                "use --product exact: float64 scales "
+                                "use product='exact': float64 scales "
                                 "and products")
         return xw
 

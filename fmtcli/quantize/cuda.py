@@ -97,7 +97,7 @@ def quantize_on_gpu(source: TensorSource, schemes: list[Scheme], progress):
             free = torch.cuda.mem_get_info()[0]
             raise DataError(f"{shown(source.name)}: {data.nbytes / 2**30:.1f} GiB does not fit "
                             f"in the GPU's free memory ({free / 2**30:.1f} GiB)",
-                            "use --device cpu") from None
+                            "use device='cpu'") from None
     if bfloat16:
         x = x.view(torch.bfloat16)
     results = []

@@ -23,7 +23,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..backends import Backend, Device
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..scaling import Product, ScaleRule
 from ..schemes import ScaleFormat, Scheme, for_tensor
 from ..tensors import TensorSource
@@ -252,7 +252,8 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     keep = None if out is None else range(len(schemes))[out_scheme]
     to_npy = out is not None and out.lower().endswith(".npy")
     if to_npy and len(usable) != 1:
-        raise UsageError(f"--out {out}: a .npy holds one tensor and there are {len(usable)}",
+        raise UsageError(f"out={shown(out)}: a .npy holds one tensor and there are "
+                         f"{len(usable)}",
                          "write .npz or .safetensors")
     tensors, coded = [], []
     names = dict(zip(map(id, usable), output_names(usable)))
