@@ -16,29 +16,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from enum import Enum
 
 import numpy as np
 
+from .choices import Backend, Device
 from .errors import UsageError
 from .formats import FormatSpec
 from .rounding import OverflowPolicy, RoundingMode, round_to_format
 
 TORCH_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
-
-
-class Backend(str, Enum):
-    AUTO = "auto"
-    NUMPY = "numpy"
-    ML_DTYPES = "ml_dtypes"
-    TORCH = "torch"
-
-
-class Device(str, Enum):
-    AUTO = "auto"  # the CPU, except where quantize sends a large tensor to the GPU
-    CPU = "cpu"
-    CUDA = "cuda"
 
 
 def torch_module():

@@ -17,27 +17,31 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 from enum import Enum
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from . import __version__
-from .backends import Backend, Device
-from .conformance import check_backends
+# Only what the parser needs is imported at start-up (fmt --version, fmt --help: no numpy);
+# each command imports the library modules it uses when it runs.
+from .choices import (
+    ARTICLE_FORMATS,
+    CHUNK_ELEMENTS,
+    HISTORY,
+    RECIPE_NAMES,
+    Backend,
+    Device,
+    Granularity,
+    Metric,
+    OverflowPolicy,
+    Product,
+    RoundingMode,
+    ScaleRule,
+)
 from .errors import DataError, FmtError, UsageError, one_line, shown
-from .formats import ARTICLE_FORMATS, REGISTRY, FormatSpec, FormatTable, resolve_format
-from .jsonsafe import dumps
-from .literals import parse_value, parse_values
-from .lossscale import example_gradients, sweep_loss_scales
-from .quantize import CHUNK_ELEMENTS, quantize
-from .quantize.writers import check_not_an_input, check_target
-from .rounding import OverflowPolicy, RoundingMode
-from .scalesearch import HISTORY, Metric, search_scales
-from .scaling import Product, ScaleRule
-from .schemes import RECIPES, Granularity, build_scheme, comparison_schemes
-from .tensors import example_tensor, load_inputs
-from .underflow import underflow_table
+
+if TYPE_CHECKING:
+    from .formats import FormatSpec
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug in fmtcli
 
@@ -311,6 +315,8 @@ def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[F
     """Specs for the names (each may be a comma list; duplicates dropped, order kept), notes
     for ambiguous names on stderr.  An empty name ('', 'e4m3,') is a usage error, never a
     silent default."""
+    from .formats import resolve_format
+
     specs: list[FormatSpec] = []
     for name in names or default:
         parts = [part.strip() for part in name.split(",")]
@@ -394,6 +400,8 @@ def emit(result, json_out: bool, **view) -> None:
     display options that change no number, e.g. the loss-scale histogram)."""
     with writing_results():
         if json_out:
+            from .jsonsafe import dumps
+
             typer.echo(dumps(result.to_dict()))
         else:
             from .render import render
@@ -403,8 +411,10 @@ def emit(result, json_out: bool, **view) -> None:
 
 def version_callback(value: bool) -> None:
     if value:
+        from . import package_version
+
         with writing_results():
-            typer.echo(f"fmtcli {__version__}")
+            typer.echo(f"fmtcli {package_version()}")
         raise typer.Exit()
 
 
@@ -426,6 +436,8 @@ def range_command(
     json_out: JsonOption = False,
 ) -> None:
     """Range and precision of formats: max, smallest normal/subnormal, eps, inf/NaN/-0."""
+    from .formats import REGISTRY, FormatTable
+
     if all_formats:
         specs = list(REGISTRY.values())
         specs += [s for s in resolve_formats(formats, ()) if s not in specs] if formats else []
@@ -464,6 +476,9 @@ def underflow_command(
     for text in values:
         if text.startswith("--"):
             raise UsageError(f"no such option: {shown(text)}", "see 'fmt underflow --help'")
+    from .literals import parse_values
+    from .underflow import underflow_table
+
     check_not_empty(format=format_names, scale=scale)
     parsed = parse_values(values)
     scales = parse_values(scale or [])
@@ -525,7 +540,7 @@ def quantize_command(
     scale_rule: Annotated[Optional[ScaleRule], typer.Option(
         "--scale-rule", case_sensitive=False, metavar="RULE",
         help="How a block's amax sets its scale: " + ", ".join(r.value for r in ScaleRule)
-        + " (see the README).  [default: amax]", show_default=False)] = None,
+        + " (see docs/quantize.md).  [default: amax]", show_default=False)] = None,
     margin: Annotated[Optional[int], typer.Option(
         "--margin", min=0, max=64, help="Divide scales by 2**margin (headroom), 0..64.")] = None,
     percentile: Annotated[Optional[float], typer.Option(
@@ -538,7 +553,7 @@ def quantize_command(
         show_default=False)] = None,
     recipe: Annotated[Optional[str], typer.Option(
         "--recipe", metavar="NAME", help="Format + granularity + scale rule together: "
-        + ", ".join(RECIPES) + ". Explicit options override parts of it.")] = None,
+        + ", ".join(RECIPE_NAMES) + ". Explicit options override parts of it.")] = None,
     rounding: RoundingOption = RoundingMode.NEAREST_EVEN,
     overflow: Annotated[OverflowPolicy, typer.Option(
         "--overflow", case_sensitive=False,
@@ -570,6 +585,11 @@ def quantize_command(
     of 128 along the last axis, float8_e4m3fn, amax scales.  Tensors that are not floating
     point (e.g. int64 position_ids) are skipped with a note on stderr.
     """
+    from .quantize import quantize
+    from .quantize.writers import check_not_an_input, check_target
+    from .schemes import build_scheme, comparison_schemes
+    from .tensors import example_tensor, load_inputs
+
     check_not_empty(format=format_name, recipe=recipe, key=keys, tile=tile, out=out)
     scale_rule, fixed = rule_with_value(scale_rule, percentile, fixed_scale)
     if fixed is not None and block is None and tile is None and per is None:
@@ -625,7 +645,11 @@ def rule_with_value(rule: ScaleRule | None, percentile: float | None,
                              f"{example})")
         if value is not None:
             rule = wanted
-    return rule, None if fixed_scale is None else parse_value(fixed_scale)
+    if fixed_scale is None:
+        return rule, None
+    from .literals import parse_value
+
+    return rule, parse_value(fixed_scale)
 
 
 @app.command("scale-search", cls=UsageWithEllipsis,
@@ -687,6 +711,10 @@ def scale_search_command(
              "options and output)")
         run_loss_scale(files, format_name, histogram, keys, backend, device, workers, json_out)
         return
+    from .scalesearch import search_scales
+    from .schemes import build_scheme
+    from .tensors import example_tensor, load_inputs
+
     if block is None and tile is None and per is None:
         per = Per.TENSOR
     base = replace(build_scheme(format=resolve_one_format(format_name), block=block,
@@ -731,6 +759,9 @@ def loss_scale_command(
 def run_loss_scale(files, format_name, histogram, keys, backend, device, workers,
                    json_out) -> None:
     """``fmt loss-scale`` (and its deprecated spelling ``scale-search --loss-scale``)."""
+    from .lossscale import example_gradients, sweep_loss_scales
+    from .tensors import load_inputs
+
     check_not_empty(format=format_name, key=keys)
     if not files and keys:
         raise UsageError("--key needs a FILE")
@@ -760,6 +791,9 @@ def check_backends_command(
     over all binades, ties and their neighbours, subnormals, overflow, +-0, +-inf and NaN;
     mismatches by class, with NaN payload differences told apart from real ones.
     """
+    from .conformance import check_backends
+    from .formats import REGISTRY
+
     names = (formats or []) + (format_names or [])
     specs = resolve_formats(names, ()) if names else list(REGISTRY.values())
     emit(check_backends(specs, seed), json_out)

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .choices import ARTICLE_FORMATS as ARTICLE_FORMATS  # re-exported
 from .errors import UnknownFormatError, UsageError, shown
 
 
@@ -263,8 +264,6 @@ REGISTRY: dict[str, FormatSpec] = {spec.name: spec for spec in _REGISTERED}
 ALIASES: dict[str, str] = {alias: spec.name for spec in _REGISTERED for alias in spec.aliases}
 
 #: The formats of the article's table, the default of ``fmt range`` and ``fmt underflow``.
-ARTICLE_FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
-                   "float8_e5m2")
 
 #: Names that could mean more than one format, with the one chosen and a note for stderr.
 AMBIGUOUS = {

@@ -7,9 +7,9 @@ console) and otherwise the last one as records (one ``header  value`` block per 
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.cells import cell_len
@@ -19,17 +19,20 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from .conformance import ConformanceResult
+from .choices import Granularity
 from .errors import one_line
 from .fates import Fate
-from .formats import FormatSpec, FormatTable
-from .lossscale import LossScaleResult
 from .plaintable import is_plain, plain_records_lines, plain_table_lines, segments
-from .quantize.results import QuantizeResult, ScaleStats, SchemeStats, TensorResult
-from .scalesearch import Candidate, ScaleSearchResult
-from .schemes import Granularity, Scheme
-from .tensors import TensorInfo
-from .underflow import Stored, UnderflowResult
+
+if TYPE_CHECKING:  # the result types: loaded by the command that made the result
+    from .conformance import ConformanceResult
+    from .formats import FormatSpec, FormatTable
+    from .lossscale import LossScaleResult
+    from .quantize.results import QuantizeResult, ScaleStats, SchemeStats, TensorResult
+    from .scalesearch import Candidate, ScaleSearchResult
+    from .schemes import Scheme
+    from .tensors import TensorInfo
+    from .underflow import Stored, UnderflowResult
 
 ELLIPSIS = "\u2026"  # what rich puts where it cuts a cell
 
@@ -658,16 +661,24 @@ def render_conformance(result: ConformanceResult) -> Fit:
 
 # -- one entry for every command -----------------------------------------------------------
 
-@functools.singledispatch
+#: Each result type, by the module and name that define it, and its renderer.  Keyed by name
+#: rather than by the class object so that drawing one command's table never imports the
+#: other commands' engines (the result's own module is loaded already: it made the result).
+RENDERERS = {
+    ("fmtcli.formats", "FormatTable"): render_range,
+    ("fmtcli.underflow", "UnderflowResult"): render_underflow,
+    ("fmtcli.quantize.results", "QuantizeResult"): render_quantize,
+    ("fmtcli.scalesearch", "ScaleSearchResult"): render_scale_search,
+    ("fmtcli.lossscale", "LossScaleResult"): render_loss_scale,
+    ("fmtcli.conformance", "ConformanceResult"): render_conformance,
+}
+
+
 def render(result, **view):
-    """The rich renderable of a command's result (``view``: display options such as the
-    loss-scale histogram).  Every result type has its renderer registered below."""
-    raise TypeError(f"no renderer for {type(result).__name__}")
-
-
-render.register(FormatTable, render_range)
-render.register(UnderflowResult, render_underflow)
-render.register(QuantizeResult, render_quantize)
-render.register(ScaleSearchResult, render_scale_search)
-render.register(LossScaleResult, render_loss_scale)
-render.register(ConformanceResult, render_conformance)
+    """The rich renderable of a command's result (``view``: display options that change no
+    number, such as the loss-scale histogram)."""
+    cls = type(result)
+    renderer = RENDERERS.get((cls.__module__, cls.__qualname__))
+    if renderer is None:
+        raise TypeError(f"no renderer for {cls.__module__}.{cls.__qualname__}")
+    return renderer(result, **view)

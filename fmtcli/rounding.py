@@ -34,30 +34,12 @@ Special values, by format kind:
 from __future__ import annotations
 
 import functools
-from enum import Enum
 
 import numpy as np
 
+from .choices import OverflowPolicy, RoundingMode
 from .errors import UsageError
 from .formats import FormatSpec, Specials
-
-
-class RoundingMode(str, Enum):
-    """How a value between two neighbours of the format is resolved."""
-
-    NEAREST_EVEN = "nearest-even"
-    NEAREST_AWAY = "nearest-away"
-    TOWARD_ZERO = "toward-zero"
-    UP = "up"
-    DOWN = "down"
-    STOCHASTIC = "stochastic"
-
-
-class OverflowPolicy(str, Enum):
-    """What a value beyond the format's max becomes."""
-
-    IEEE = "ieee"
-    SATURATE = "saturate"
 
 
 def working_array(x) -> np.ndarray:

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from enum import Enum
 
 import numpy as np
 
 from .backends import Backend, Device
+from .choices import HISTORY, Metric
 from .errors import UsageError, shown
 from .quantize import quantize, quantize_tensor
 from .quantize.chunk import tile_amax
@@ -42,14 +42,6 @@ from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_s
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 from .tensors import TensorInfo, TensorSource, skipped_records
-
-
-class Metric(str, Enum):
-    MSE = "mse"
-    SQNR = "sqnr"
-    MEDIAN_REL = "median-rel"
-    P99_REL = "p99-rel"
-    FLUSHED = "flushed"
 
 
 def metric_value(stats: SchemeStats, metric: Metric) -> float:
@@ -118,7 +110,6 @@ class ScaleSearchResult:
 
 COARSE = np.arange(-1.0, 6.0 + 1e-9, 0.25)  # margins (binades below the amax scale)
 FINE_STEP = 1 / 32
-HISTORY = 1024  # Transformer Engine's default amax_history_len
 
 
 @dataclass(frozen=True)

@@ -51,33 +51,12 @@ real recipes do: such a block comes out NaN or zero, and fmtcli counts it.
 from __future__ import annotations
 
 import math
-from enum import Enum
 
 import numpy as np
 
+from .choices import Product, ScaleRule
 from .errors import UsageError
 from .formats import FormatSpec
-
-
-class ScaleRule(str, Enum):
-    AMAX = "amax"
-    POW2_FLOOR = "pow2-floor"
-    POW2_CEIL = "pow2-ceil"
-    POW2_NEAREST = "pow2-nearest"
-    MX_FLOOR = "mx-floor"
-    MX_CEIL = "mx-ceil"
-    MX_EVEN = "mx-even"
-    MX_RCEIL = "mx-rceil"
-    PERCENTILE = "percentile"
-    FIXED = "fixed"
-
-
-class Product(str, Enum):
-    """The width of ``x * scale`` before the cast (module docstring)."""
-
-    FLOAT32 = "float32"
-    EXACT = "exact"
-
 
 MX_RULES = (ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL)
 F32_MAX = float(np.finfo(np.float32).max)

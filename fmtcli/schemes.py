@@ -20,18 +20,11 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from .choices import Granularity
 from .errors import UsageError, shown
 from .formats import FormatSpec, get_format
 from .rounding import OverflowPolicy, RoundingMode
 from .scaling import MX_RULES, Product, ScaleRule
-
-
-class Granularity(str, Enum):
-    TENSOR = "tensor"
-    ROW = "row"
-    COLUMN = "column"
-    BLOCK = "block"
-    TILE = "tile"
 
 
 class ScaleFormat(str, Enum):

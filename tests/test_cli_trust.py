@@ -107,7 +107,7 @@ def injected_bug(*args, **kwargs):
 
 
 def test_an_internal_error_is_one_line_with_exit_code_70(monkeypatch):
-    monkeypatch.setattr(cli, "underflow_table", injected_bug)
+    monkeypatch.setattr("fmtcli.underflow.underflow_table", injected_bug)
     result = invoke("underflow", "1", env={"FMT_TRACEBACK": None})
     assert result.exit_code == 70
     assert result.stdout == ""
@@ -116,7 +116,7 @@ def test_an_internal_error_is_one_line_with_exit_code_70(monkeypatch):
 
 
 def test_fmt_traceback_lets_the_internal_error_raise(monkeypatch):
-    monkeypatch.setattr(cli, "underflow_table", injected_bug)
+    monkeypatch.setattr("fmtcli.underflow.underflow_table", injected_bug)
     result = invoke("underflow", "1", env={"FMT_TRACEBACK": "1"})
     assert isinstance(result.exception, RuntimeError)
 
@@ -129,21 +129,21 @@ def test_ctrl_c_is_aborted_with_exit_code_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "underflow_table", interrupted)
+    monkeypatch.setattr("fmtcli.underflow.underflow_table", interrupted)
     result = invoke("underflow", "1")
     assert result.exit_code == 130
     assert result.stderr == "Aborted.\n"
 
 
 def test_a_warning_becomes_one_note_line(monkeypatch):
-    real = cli.underflow_table
+    from fmtcli.underflow import underflow_table as real
 
     def warns(*args, **kwargs):
         warnings.warn("overflow encountered in multiply (injected)", RuntimeWarning,
                       stacklevel=1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli, "underflow_table", warns)
+    monkeypatch.setattr("fmtcli.underflow.underflow_table", warns)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         result = invoke("underflow", "1", "--json")
@@ -438,7 +438,9 @@ def scheme_of(*args) -> dict:
 
 
 def test_percentile_rule_through_the_cli():
-    x = np.abs(np.asarray(cli.example_tensor().array(), np.float64))
+    from fmtcli.tensors import example_tensor
+
+    x = np.abs(np.asarray(example_tensor().array(), np.float64))
     stats = scheme_of("--per", "tensor", "--percentile", "99")
     assert stats["scale_rule"] == "percentile" and stats["percentile"] == 99
     scale = stats["scales"]["max"]  # the 99th percentile of |x| maps to 448

@@ -105,7 +105,7 @@ def test_out_of_memory_is_a_data_error(monkeypatch):
     def exhausted(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr(cli, "underflow_table", exhausted)
+    monkeypatch.setattr("fmtcli.underflow.underflow_table", exhausted)
     monkeypatch.delenv("FMT_TRACEBACK", raising=False)
     result = RUNNER.invoke(app, ["underflow", "1"])
     assert result.exit_code == 1

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..choices import CHUNK_ELEMENTS as CHUNK_ELEMENTS  # re-exported
 from ..errors import DataError, shown
 from ..tensors import TensorSource
 
 if TYPE_CHECKING:
     from .chunk import Plan
 
-CHUNK_ELEMENTS = 1 << 18  # values per chunk: ~1 MiB of float32, fits the L2 cache
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:

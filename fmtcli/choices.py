@@ -1,0 +1,99 @@
+"""The named choices of fmtcli's parameters, and the defaults the command line shows.
+
+Every option with a fixed set of values is a ``str`` Enum here (its home module imports and
+re-exports it: ``rounding.RoundingMode``, ``backends.Backend``, ...).  This module imports
+nothing else, so the command line builds its parser -- and answers ``fmt --version`` and
+``fmt --help`` -- without loading numpy or ml_dtypes.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RoundingMode(str, Enum):
+    """How a value between two neighbours of the format is resolved."""
+
+    NEAREST_EVEN = "nearest-even"
+    NEAREST_AWAY = "nearest-away"
+    TOWARD_ZERO = "toward-zero"
+    UP = "up"
+    DOWN = "down"
+    STOCHASTIC = "stochastic"
+
+
+class OverflowPolicy(str, Enum):
+    """What a value beyond the format's max becomes."""
+
+    IEEE = "ieee"
+    SATURATE = "saturate"
+
+
+class ScaleRule(str, Enum):
+    """How a block's amax (or a percentile, or a given value) sets its scale (``scaling``)."""
+
+    AMAX = "amax"
+    POW2_FLOOR = "pow2-floor"
+    POW2_CEIL = "pow2-ceil"
+    POW2_NEAREST = "pow2-nearest"
+    MX_FLOOR = "mx-floor"
+    MX_CEIL = "mx-ceil"
+    MX_EVEN = "mx-even"
+    MX_RCEIL = "mx-rceil"
+    PERCENTILE = "percentile"
+    FIXED = "fixed"
+
+
+class Product(str, Enum):
+    """The width of ``x * scale`` before the cast (``scaling``)."""
+
+    FLOAT32 = "float32"
+    EXACT = "exact"
+
+
+class Granularity(str, Enum):
+    """What one scale covers (``schemes``)."""
+
+    TENSOR = "tensor"
+    ROW = "row"
+    COLUMN = "column"
+    BLOCK = "block"
+    TILE = "tile"
+
+
+class Backend(str, Enum):
+    """Whose cast stores the values (``backends``)."""
+
+    AUTO = "auto"
+    NUMPY = "numpy"
+    ML_DTYPES = "ml_dtypes"
+    TORCH = "torch"
+
+
+class Device(str, Enum):
+    """Where the torch backend runs (``backends``)."""
+
+    AUTO = "auto"  # the CPU, except where quantize sends a large tensor to the GPU
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Metric(str, Enum):
+    """What scale-search's best rule minimises (SQNR: maximises)."""
+
+    MSE = "mse"
+    SQNR = "sqnr"
+    MEDIAN_REL = "median-rel"
+    P99_REL = "p99-rel"
+    FLUSHED = "flushed"
+
+
+#: The recipes of ``schemes.RECIPES``, in order (tests check that the two agree).
+RECIPE_NAMES = ("tensorwise", "rowwise", "deepseek", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
+#: Values per chunk of the streaming engine: ~1 MiB of float32, fits the L2 cache.
+CHUNK_ELEMENTS = 1 << 18
+#: Amax history length of delayed scaling: Transformer Engine's default amax_history_len.
+HISTORY = 1024
+#: What ``fmt range`` and ``fmt underflow`` show by default: the article's six formats.
+ARTICLE_FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
+                   "float8_e5m2")

@@ -1,0 +1,88 @@
+"""Start-up: the parser is built from ``fmtcli.choices`` alone, so ``fmt --version`` and
+``fmt --help`` load neither numpy nor ml_dtypes; each command loads its own modules.
+(Timing is in benchmarks/bench_startup.py; these tests check what is imported.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+from fmtcli.cli import main
+sys.argv = ["fmt", *{args!r}]
+try:
+    main()
+except SystemExit:
+    pass
+heavy = sorted(m for m in ("numpy", "ml_dtypes", "rich", "fmtcli.rounding", "fmtcli.quantize")
+               if m in sys.modules)
+print("LOADED", ",".join(heavy), file=sys.stderr)
+"""
+
+
+def loaded(*args: str) -> set[str]:
+    proc = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args))],
+                          capture_output=True, text=True, timeout=60)
+    line = proc.stderr.rsplit("LOADED", 1)[1].strip()
+    return set(filter(None, line.split(",")))
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["quantize", "--help"],
+                                  ["loss-scale", "--help"]])
+def test_version_and_help_load_no_numerical_library(args):
+    assert loaded(*args) == set()
+
+
+def test_a_command_loads_only_what_it_uses():
+    assert "fmtcli.quantize" not in loaded("range", "fp16", "--json")
+    assert "fmtcli.quantize" in loaded("quantize", "--json")
+
+
+def test_the_version_is_the_installed_distribution_s():
+    from importlib.metadata import version
+
+    import fmtcli
+
+    assert fmtcli.__version__ == version("fmtcli")
+    from typer.testing import CliRunner
+
+    from fmtcli.cli import app
+
+    assert CliRunner().invoke(app, ["--version"]).stdout == f"fmtcli {version('fmtcli')}\n"
+
+
+def test_the_parser_s_recipe_names_are_the_recipes():
+    from fmtcli.choices import RECIPE_NAMES
+    from fmtcli.schemes import RECIPES
+
+    assert RECIPE_NAMES == tuple(RECIPES)
+
+
+def test_the_package_s_names_load_on_first_use():
+    import fmtcli
+
+    assert fmtcli.get_format("fp16").max == 65504
+    assert set(fmtcli.__all__) <= set(dir(fmtcli))
+    with pytest.raises(AttributeError):
+        fmtcli.no_such_name  # noqa: B018
+
+
+def test_every_renderer_names_a_real_result_type():
+    """render.RENDERERS is keyed by (module, name): each key is a class that exists, and
+    every result type of fmtcli has an entry."""
+    import importlib
+
+    from fmtcli.render import RENDERERS
+
+    for module, name in RENDERERS:
+        assert isinstance(getattr(importlib.import_module(module), name), type)
+    assert {name for _, name in RENDERERS} == {
+        "FormatTable", "UnderflowResult", "QuantizeResult", "ScaleSearchResult",
+        "LossScaleResult", "ConformanceResult"}
+
+
+def test_drawing_the_range_table_loads_no_engine():
+    assert not {"fmtcli.quantize", "fmtcli.rounding"} & loaded("range")
