@@ -20,12 +20,10 @@ import os
 import numpy as np
 
 from .choices import Backend, Device
+from .dtypes import TORCH_NAMES
 from .errors import UsageError
 from .formats import FormatSpec
 from .rounding import OverflowPolicy, RoundingMode, round_to_format
-
-TORCH_NAMES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
-               "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
 
 
 def torch_module():

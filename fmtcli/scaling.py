@@ -171,10 +171,13 @@ def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule,
     raise UsageError(f"not an MX rule: {rule.value}")
 
 
+NVFP4_SCALE_FORMAT = "float8_e4m3fn"  # the format NVFP4 stores its block scales in
+
+
 def scale_to_e4m3(scale_decode: np.ndarray) -> np.ndarray:
     """Round decode scales to float8_e4m3fn (nearest-even, saturating), as NVFP4 stores them."""
     from .formats import get_format
     from .rounding import round_to_format
 
-    return round_to_format(np.asarray(scale_decode, dtype=np.float32), get_format("float8_e4m3fn"),
-                           overflow="saturate")
+    return round_to_format(np.asarray(scale_decode, dtype=np.float32),
+                           get_format(NVFP4_SCALE_FORMAT), overflow="saturate")

@@ -34,23 +34,19 @@ import ml_dtypes
 import numpy as np
 
 from . import npyfile, textparse
+from .dtypes import FLOAT_NAMES, SAFETENSORS_NAMES
 from .errors import DataError, UsageError, shown
 
 SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth", ".txt", ".csv", ".json")
-FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-               "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn",
-               "float6_e2m3fn", "float6_e3m2fn", "float8_e4m3", "float8_e3m4",
-               "float8_e4m3b11fnuz"}
+FLOAT_KINDS = FLOAT_NAMES  # the real floating-point types (dtypes.TABLE)
 
-_SAFETENSORS_DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8), "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32),
-    "U16": np.dtype(np.uint16), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
-}
-_SAFETENSORS_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a storage type's name (ml_dtypes for the narrow floats)."""
+    return np.dtype(getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else name)
+
+
+_SAFETENSORS_DTYPES = {code: numpy_dtype(name) for code, name in SAFETENSORS_NAMES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 
 

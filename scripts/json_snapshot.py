@@ -7,7 +7,8 @@ The commands are the JSON examples of README.md and docs/ at the time of ``save`
 ``--json`` form, directives dropped) plus a fixed list covering every command and scheme;
 ``save`` writes the list to DIR/commands.txt and ``compare`` reads it back, so the check
 survives the examples moving between pages.  Each runs in-process (CliRunner, COLUMNS=80)
-in a directory holding the README's small checkpoint (``model_files`` of tests/test_console_examples.py).
+in a directory holding the README's small checkpoint (``model_files`` of
+tests/test_console_examples.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import fmtcli.cli as cli
 import fmtcli.quantize.writers as output
 from fmtcli.cli import app
 from fmtcli.errors import FmtError

@@ -100,7 +100,6 @@ def test_a_closed_pipe_ends_quietly():
 def test_out_of_memory_is_a_data_error(monkeypatch):
     """A MemoryError (an input or options beyond this process's memory) is one line with
     exit 1, not an internal error."""
-    from fmtcli import cli
 
     def exhausted(*args, **kwargs):
         raise MemoryError()

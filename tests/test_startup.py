@@ -86,3 +86,26 @@ def test_every_renderer_names_a_real_result_type():
 
 def test_drawing_the_range_table_loads_no_engine():
     assert not {"fmtcli.quantize", "fmtcli.rounding"} & loaded("range")
+
+
+def test_one_table_of_storage_types_feeds_every_list():
+    """dtypes.TABLE is the one list: the loaders, the torch backend, the safetensors writer
+    and the CUDA kernel use views of it, and each name is a real numpy / ml_dtypes dtype."""
+    import ml_dtypes
+
+    from fmtcli import backends, dtypes, tensors
+    from fmtcli.quantize import cuda, cuda_kernel, writers
+
+    assert tensors.FLOAT_KINDS is dtypes.FLOAT_NAMES
+    assert backends.TORCH_NAMES is dtypes.TORCH_NAMES
+    assert writers.SAFETENSORS_CODES is dtypes.SAFETENSORS_CODES
+    assert cuda.KERNEL_CODES is cuda_kernel.KERNEL_CODES is dtypes.KERNEL_CODES
+    for t in dtypes.TABLE:
+        dtype = tensors.numpy_dtype(t.name)
+        assert dtype.name == t.name
+        # numpy's own floats have kind 'f', ml_dtypes' kind 'V'; ints 'i'/'u', bool 'b'
+        assert (dtype.kind in "fV") == t.floating, t.name
+        assert dtype.kind != "V" or hasattr(ml_dtypes, t.name)
+    assert {code: d.name for code, d in tensors._SAFETENSORS_DTYPES.items()} == \
+        dtypes.SAFETENSORS_NAMES
+    assert set(dtypes.KERNEL_CODES) == {"float32", "bfloat16", "float16"}

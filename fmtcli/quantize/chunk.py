@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backends import Backend, Device, cast_with_policy
 from ..errors import DataError, shown
-from ..formats import Specials
+from ..formats import Specials, get_format
 from ..rounding import (
     PositionalUniform,
     RoundingMode,
@@ -30,7 +30,15 @@ from ..rounding import (
     round_float32_nearest_even,
     round_unbounded,
 )
-from ..scaling import F32_MAX, F32_TINY, Product, ScaleRule, amax_to_scale, scale_to_e4m3
+from ..scaling import (
+    F32_MAX,
+    F32_TINY,
+    NVFP4_SCALE_FORMAT,
+    Product,
+    ScaleRule,
+    amax_to_scale,
+    scale_to_e4m3,
+)
 from ..schemes import ScaleFormat, Scheme
 from .metrics import ErrorAccumulator
 
@@ -110,12 +118,15 @@ def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
 
 
 def nvfp4_tensor_scale(amax: float, scheme: Scheme) -> float:
-    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448), kept in
+    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448: the
+    largest value a block can hold, its largest E4M3 block scale times FP4's max), kept in
     float32's normal range (beyond it, under the exact product, the largest values saturate
     rather than the scale becoming 0 or inf)."""
     if not (amax > 0) or not math.isfinite(amax):
         return 1.0
-    return float(np.float32(min(max(scheme.format.max * 448.0 / amax, F32_TINY), F32_MAX)))
+    block_scale_max = get_format(NVFP4_SCALE_FORMAT).max  # 448
+    return float(np.float32(min(max(scheme.format.max * block_scale_max / amax, F32_TINY),
+                                F32_MAX)))
 
 
 def _positions(origin: tuple[int, int, int], padded: tuple[int, int], shape4) -> np.ndarray:

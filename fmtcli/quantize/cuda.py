@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 
 from ..backends import Backend, Device, cuda_available, gpu_present, resolve
+from ..dtypes import KERNEL_CODES
 from ..errors import DataError, shown
 from ..scaling import Product
 from ..schemes import Scheme, for_tensor
@@ -32,7 +33,6 @@ from ..tensors import TensorSource
 # (benchmarks/RESULTS.md); the lines cross near 14 GiB there, sooner with fewer cores.
 AUTO_CUDA_ELEMENTS = 1 << 32
 GPU_HEADROOM = 1.1  # free GPU memory wanted per byte of the tensor: a tenth to spare
-KERNEL_DTYPES = ("float32", "bfloat16", "float16")  # the data types the kernel reads
 ON_GPU = (Backend.TORCH, Device.CUDA)
 
 
@@ -61,7 +61,7 @@ def route(source: TensorSource, schemes: list[Scheme], backend: Backend | str,
 def kernel_takes(source: TensorSource, schemes: list[Scheme], casts) -> list[bool]:
     """Which schemes the fused CUDA kernel takes on this tensor: torch on CUDA, blocks along
     the last axis with amax scales, float32/bfloat16/float16 data, a float32 product."""
-    if source.dtype not in KERNEL_DTYPES or ON_GPU not in casts:
+    if source.dtype not in KERNEL_CODES or ON_GPU not in casts:
         return [False] * len(schemes)
     from .cuda_kernel import available, fast_path_applies
 

@@ -45,6 +45,7 @@ from importlib import resources
 
 import numpy as np
 
+from ..dtypes import KERNEL_CODES
 from ..rounding import OverflowPolicy, RoundingMode, beyond_threshold, magic_rounding_applies
 from ..scaling import ScaleRule
 from ..schemes import Granularity, ScaleFormat, Scheme
@@ -77,7 +78,6 @@ def shipped_source() -> str:
     """The kernel body as shipped: ``quantize_stats.cu`` beside this module."""
     return resources.files(__package__).joinpath("quantize_stats.cu").read_text()
 
-DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 HARDWARE_CASTS = {"float8_e4m3fn": 1, "float8_e5m2": 2}
 # The layout of the kernel's running totals on the device and of the copy its last block
 # leaves in host memory, int64: HEAD slots (COUNTERS, then DONE, the count of finished
@@ -135,8 +135,9 @@ def layout(block: int, tuning: Tuning = SHIPPED) -> tuple[int, int, int]:
 
 
 def kernel_source(block: int, dtype: int, cast: int, tuning: Tuning = SHIPPED) -> str:
-    """The CUDA C source for blocks of ``block`` elements, input ``DTYPES`` code ``dtype``
-    and cast ``cast`` (``HARDWARE_CASTS`` code, 0 for the magic-number rounding)."""
+    """The CUDA C source for blocks of ``block`` elements, input code ``dtype``
+    (``dtypes.KERNEL_CODES``) and cast ``cast`` (``HARDWARE_CASTS`` code, 0 for the
+    magic-number rounding)."""
     v, lanes, groups = layout(block, tuning)
     return (f"#define V {v}\n#define L {lanes}\n#define G {groups}\n#define DTYPE {dtype}\n"
             f"#define CAST {cast}\n#define THREADS {THREADS}\n"
@@ -180,7 +181,7 @@ def launch(x, scheme: Scheme, *, hardware_cast: bool = True,
 
     spec = scheme.format
     block = scheme.block
-    dtype = DTYPES[str(x.dtype).removeprefix("torch.")]
+    dtype = KERNEL_CODES[str(x.dtype).removeprefix("torch.")]
     v, _, _ = layout(block, tuning)
     if x.numel() % block or x.numel() % v:
         raise ValueError(f"the tensor must hold whole blocks and whole runs of {v} elements "

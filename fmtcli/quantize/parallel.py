@@ -41,13 +41,16 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and hasattr(os, "waitpid")
 
 
+MAX_DEFAULT_WORKERS = 8  # past ~8 processes the chunks' memory traffic, not cores, limits
+
+
 def default_workers() -> int:
-    """One worker per core the process may use (at most 8)."""
+    """One worker per core the process may use (at most ``MAX_DEFAULT_WORKERS``)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores))
 
 
 def _pidfds(pids: list[int]) -> dict[int, int]:

@@ -28,6 +28,7 @@ import tempfile
 
 import numpy as np
 
+from ..dtypes import SAFETENSORS_CODES
 from ..errors import DataError, UsageError, shown
 from ..formats import FormatSpec
 from ..rounding import encode
@@ -227,16 +228,13 @@ def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict
     _commit(temporary, path)
 
 
-_ST_CODES = {np.dtype(np.uint8): "U8", np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32",
-             np.dtype(np.uint64): "U64", np.dtype(np.float32): "F32",
-             np.dtype(np.float64): "F64"}
 
 
 def _write_safetensors(path: str, arrays: dict[str, np.ndarray], metadata: dict) -> None:
     header: dict = {"__metadata__": metadata}
     offset = 0
     for key, arr in arrays.items():
-        header[key] = {"dtype": _ST_CODES[arr.dtype], "shape": list(arr.shape),
+        header[key] = {"dtype": SAFETENSORS_CODES[arr.dtype.name], "shape": list(arr.shape),
                        "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
     raw = json.dumps(header).encode("utf-8")
