@@ -17,12 +17,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import torch
-from bench_gpu import timed as best  # benchmarks/, this script's folder
+from bench_gpu import timed  # benchmarks/, this script's folder
 
 from fmtcli.formats import get_format
 from fmtcli.quantize import cuda_kernel as gpu
 from fmtcli.quantize.cuda_kernel import Tuning
 from fmtcli.schemes import build_scheme
+
+
+def best(fn, repeat: int = 10) -> float:
+    """Best seconds of ``repeat`` whole calls, CUDA-synchronised (``bench_gpu.timed``)."""
+    return timed(fn, repeat)
+
 
 x = torch.randn(2**28, device="cuda") * 0.02
 size = x.numel() * 4
