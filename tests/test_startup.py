@@ -109,3 +109,16 @@ def test_one_table_of_storage_types_feeds_every_list():
     assert {code: d.name for code, d in tensors._SAFETENSORS_DTYPES.items()} == \
         dtypes.SAFETENSORS_NAMES
     assert set(dtypes.KERNEL_CODES) == {"float32", "bfloat16", "float16"}
+
+
+def test_fmt_help_lists_the_commands_in_the_order_of_a_session():
+    """range, underflow, quantize, scale-search, loss-scale, check-backends: the order
+    fmtcli.cli.COMMANDS registers them in (an import sorter must not reorder them)."""
+    from typer.testing import CliRunner
+
+    from fmtcli.cli import app
+
+    listed = [line.split()[0] for line in CliRunner().invoke(app, ["--help"]).stdout
+              .split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == ["range", "underflow", "quantize", "scale-search", "loss-scale",
+                      "check-backends"]

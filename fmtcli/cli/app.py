@@ -1,0 +1,157 @@
+"""The ``fmt`` Typer application: how every command ends, as the user sees it.
+
+Results go to stdout; notes and warnings to stderr.  A library FmtError becomes one line
+``Error: ...`` on stderr with exit code 1 (data) or 2 (usage), never a traceback.  Any other
+exception is a bug: one line ``Error: internal error: ...`` and exit code 70, or the full
+traceback with ``FMT_TRACEBACK=1`` in the environment.  A Python warning (e.g. a numpy
+RuntimeWarning) becomes one line ``Note: ...`` on stderr.  The commands register themselves
+on ``app`` from their own modules (``range``, ``quantize``, ...: see ``fmtcli/cli/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Annotated, Optional
+
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup
+
+from ..errors import FmtError, shown
+from .output import (
+    _discard_stdout,
+    as_options,
+    error_line,
+    show_tracebacks,
+    warning_as_note,
+    writing_results,
+)
+
+INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug in fmtcli
+
+
+class OneLineErrors(TyperGroup):
+    """Every way a command ends, as the user sees it.
+
+    - a parser usage error or a FmtError: one line ``Error: ...`` on stderr, exit 2 or 1;
+    - plain ``fmt``: the help on stdout, exit 0 (as git and gh);
+    - Ctrl-C: ``Aborted.``, exit 130;
+    - any other exception (a bug): one line ``Error: internal error: <type>: <message>``,
+      exit 70; with FMT_TRACEBACK=1 it is raised (the test suite sets it).
+    Python warnings are printed as ``Note:`` lines while a command runs.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        with warnings.catch_warnings():
+            warnings.showwarning = warning_as_note
+            code = self._run(args, prog_name, complete_var, **extra)
+        if code == 130:  # typer turns KeyboardInterrupt into exit code 130
+            typer.echo("Aborted.", err=True)
+        sys.exit(code)
+
+    def _run(self, args, prog_name, complete_var, **extra) -> int:
+        if sys.stdout is None:  # started with stdout closed (fmt ... >&-): Python sets None
+            # Refused before any work: results could not be printed, and the first file
+            # opened would otherwise take descriptor 1.
+            error_line("standard output is closed: nothing could be printed (redirect it "
+                       "to a file or to /dev/null)")
+            return 1
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return code if isinstance(code, int) else 0
+        except FmtError as error:
+            error_line(as_options(error))
+            return error.exit_code
+        except typer.Abort:
+            typer.echo("Aborted.", err=True)
+            return 1
+        except BrokenPipeError:  # the reader of stdout went away (fmt ... | head): quietly
+            _discard_stdout()
+            return 1
+        except typer.TyperException as error:  # the parser's usage errors
+            ctx = getattr(error, "ctx", None)
+            if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                try:
+                    with writing_results():
+                        typer.echo(ctx.get_help())  # plain 'fmt': the help, on stdout
+                except FmtError as failed:
+                    error_line(failed)
+                    return failed.exit_code
+                return 0
+            command = ctx.command_path if ctx is not None else "fmt"
+            error_line(f"{error.format_message()} (see '{command} --help')")
+            return getattr(error, "exit_code", 2)
+        except MemoryError:
+            if show_tracebacks():
+                raise
+            error_line("out of memory: the input or the options need more memory than this "
+                       "process may have (try a smaller --chunk, fewer --workers or fewer "
+                       "values)")
+            return 1
+        except OSError as error:  # the system refused a read or write (--help > /dev/full)
+            if show_tracebacks():
+                raise
+            _discard_stdout()
+            where = f" ({shown(error.filename)})" if error.filename else ""
+            error_line(f"{error.strerror or error}{where}")
+            return 1
+        except Exception as error:
+            if show_tracebacks():
+                raise
+            error_line(f"internal error: {type(error).__name__}: {error} (please report it; "
+                       "FMT_TRACEBACK=1 shows the traceback)")
+            return INTERNAL_ERROR
+
+
+class UsageWithEllipsis(TyperCommand):
+    """Usage lines that mark repeatable arguments: ``fmt underflow [OPTIONS] VALUE...``,
+    ``fmt quantize [OPTIONS] [FILE]...`` (typer writes ``{VALUE}`` and ``[FILE]``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if not isinstance(param, TyperArgument):
+                pieces.extend(param.get_usage_pieces(ctx))
+                continue
+            name = param.metavar or (param.name or "").upper()
+            piece = name if param.required else f"[{name}]"
+            pieces.append(piece + ("..." if param.nargs != 1 else ""))
+        return pieces
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    rich_markup_mode=None,
+    name="fmt",
+    help="Explore the number formats of ML training and inference: FP32, FP16, BF16, FP8 "
+         "(E4M3 fn/fnuz, E5M2), MX FP6/FP4/E8M0 and any custom eXmY.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        from .. import package_version
+
+        with writing_results():
+            typer.echo(f"fmtcli {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=version_callback, is_eager=True, help="Show the version.")] = None,
+) -> None:
+    """fmt: what does this value become in each format, and what range does a format cover?"""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name=os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fmt")

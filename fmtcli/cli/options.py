@@ -1,0 +1,164 @@
+"""Options and arguments shared by several commands, and their checks.
+
+The option types (``Annotated`` Typer options) that more than one command takes, the
+choices the command line adds (``--per``, ``--compare``), and the small steps every command
+repeats: format names to specs (with notes for ambiguous names), empty values refused,
+skipped tensors noted.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from ..choices import Backend, Device, Granularity, OverflowPolicy, Product, RoundingMode, ScaleRule
+from ..errors import UsageError, shown
+
+if TYPE_CHECKING:
+    from ..formats import FormatSpec
+
+from .output import note
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+RoundingOption = Annotated[RoundingMode, typer.Option(
+    "--rounding", "-r", case_sensitive=False, help="Rounding mode.")]
+OverflowOption = Annotated[OverflowPolicy, typer.Option(
+    "--overflow", case_sensitive=False,
+    help="Beyond max: 'ieee' gives inf (or NaN where the format has no inf), "
+         "'saturate' clips to +-max.")]
+BackendOption = Annotated[Backend, typer.Option(
+    "--backend", case_sensitive=False,
+    help="Whose cast stores the values: fmtcli's numpy engine, ml_dtypes, or torch's dtypes "
+         "(nearest-even, the backend's own overflow behaviour); auto: the engine, or torch "
+         "with --device cuda.")]
+DeviceOption = Annotated[Device, typer.Option(
+    "--device", case_sensitive=False,
+    help="Device of the torch backend. auto: the CPU, except that quantize with --backend "
+         "auto runs tensors of 2**32 elements or more on a CUDA GPU when torch sees one.")]
+ProductOption = Annotated[Product, typer.Option(
+    "--product", case_sensitive=False,
+    help="Width of x * scale before the cast: 'float32' takes the data and scale as float32 "
+         "and rounds the product to float32 (as eager torch kernels do); 'exact' computes in "
+         "float64 (exact for power-of-two scales and float32 data).")]
+# Options that quantize and scale-search share (their defaults differ: see each --help).
+BlockOption = Annotated[Optional[int], typer.Option(
+    "--block", metavar="N", help="One scale per N elements along --axis.",
+    show_default=False)]
+TileOption = Annotated[Optional[str], typer.Option(
+    "--tile", metavar="RxC", help="One scale per RxC tile of the (rows x last axis) matrix, "
+    "e.g. 128x128 or 1x128.")]
+
+
+class Per(str, Enum):
+    """The choices of --per (blocks and tiles have their own options)."""
+
+    TENSOR = "tensor"
+    ROW = "row"
+    COLUMN = "column"
+
+
+PerOption = Annotated[Optional[Per], typer.Option(
+    "--per", case_sensitive=False, help="One scale per tensor, row or column (of the "
+    "rows x last-axis matrix; a 1-D tensor is one row).", show_default=False)]
+AxisOption = Annotated[Optional[int], typer.Option(
+    "--axis", help="Axis of --block: -1 (last, default) or 0 (first).")]
+KeyOption = Annotated[Optional[list[str]], typer.Option(
+    "--key", metavar="NAME", help="Only these tensors of a checkpoint (name or glob; "
+    "repeatable).")]
+MAX_WORKERS = 1024
+WorkersOption = Annotated[Optional[int], typer.Option(
+    "--workers", min=1, max=MAX_WORKERS, help="Worker processes, 1..1024.  [default: the "
+    "cores available, at most 8]", show_default=False)]
+SEED_MAX = 2**64 - 1
+SeedOption = Annotated[int, typer.Option(
+    "--seed", min=0, max=SEED_MAX, help="Seed of stochastic rounding, 0..2**64-1.")]
+
+
+def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[FormatSpec]:
+    """Specs for the names (each may be a comma list; duplicates dropped, order kept), notes
+    for ambiguous names on stderr.  An empty name ('', 'e4m3,') is a usage error, never a
+    silent default."""
+    from ..formats import resolve_format
+
+    specs: list[FormatSpec] = []
+    for name in names or default:
+        parts = [part.strip() for part in name.split(",")]
+        if not all(parts):
+            raise UsageError(f"empty format name in {shown(name)}",
+                             "e.g. --format fp16,bf16,e4m3fn")
+        for part in parts:
+            spec, message = resolve_format(part)
+            if message:
+                note(message)
+            if spec not in specs:
+                specs.append(spec)
+    if not specs:
+        raise UsageError("no formats given", "e.g. --format fp16,bf16,e4m3fn")
+    return specs
+
+
+def resolve_one_format(name: str | None) -> FormatSpec | None:
+    """The spec of a command's single --format (None: the command's default)."""
+    if name is None:
+        return None
+    if "," in name:
+        raise UsageError(f"--format takes one format here, got {shown(name)}")
+    return resolve_formats([name], ())[0]
+
+
+def check_not_empty(**options: str | list[str] | None) -> None:
+    """An option given as '' (``--recipe ''``, ``--key ''``) is a usage error, not a default."""
+    for option, value in options.items():
+        values = [value] if isinstance(value, str) else value or []
+        if any(not v.strip() for v in values):
+            raise UsageError(f"--{option} must not be empty")
+
+
+def note_skipped(sources) -> None:
+    """One stderr note per tensor that is left out (an int64 position_ids, an empty tensor);
+    the results list them under ``skipped`` in JSON."""
+    skipped = [s for s in sources if s.skipped is not None]
+    for s in skipped[:MAX_SKIP_NOTES]:
+        note(f"skipped {shown(s.name)} ({s.dtype}, shape "
+             f"{'x'.join(map(str, s.shape)) or 'scalar'}): {s.skipped}")
+    if len(skipped) > MAX_SKIP_NOTES:
+        note(f"skipped {len(skipped) - MAX_SKIP_NOTES:,} more tensors (--json lists them)")
+
+
+MAX_SKIP_NOTES = 20
+
+
+class Compare(str, Enum):
+    TENSOR = "tensor"
+    NONE = "none"
+    ALL = "all"
+
+
+def granularity(per: Per | None) -> Granularity | None:
+    return None if per is None else Granularity(per.value)
+
+
+def rule_with_value(rule: ScaleRule | None, percentile: float | None,
+                    fixed_scale: str | None) -> tuple[ScaleRule | None, float | None]:
+    """The scale rule implied or checked by --percentile / --fixed-scale, and the fixed
+    scale parsed (as exactly as a literal of ``fmt underflow``)."""
+    if percentile is not None and fixed_scale is not None:
+        raise UsageError("--percentile and --fixed-scale are alternatives: give one")
+    for option, value, wanted in (("--percentile", percentile, ScaleRule.PERCENTILE),
+                                  ("--fixed-scale", fixed_scale, ScaleRule.FIXED)):
+        if value is not None and rule not in (None, wanted):
+            raise UsageError(f"{option} goes with --scale-rule {wanted.value}, not "
+                             f"{rule.value}")
+        if value is None and rule is wanted:
+            example = "99.9" if wanted is ScaleRule.PERCENTILE else "64"
+            raise UsageError(f"--scale-rule {wanted.value} needs {option} (e.g. {option} "
+                             f"{example})")
+        if value is not None:
+            rule = wanted
+    if fixed_scale is None:
+        return rule, None
+    from ..literals import parse_value
+
+    return rule, parse_value(fixed_scale)

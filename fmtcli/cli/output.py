@@ -1,0 +1,198 @@
+"""What the command line writes, and where: results on stdout, notes and errors on stderr.
+
+Results (a rich table, or one JSON document with ``--json``) go to stdout through ``emit``;
+``Note: ...`` lines, progress bars and the one ``Error: ...`` line go to stderr.  A stream
+that cannot encode a character gets an ASCII look-alike; a reader that went away ends the
+command quietly; a library error's ``name=value`` parameters are said as options.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from contextlib import contextmanager
+
+import typer
+
+from ..errors import DataError, FmtError, one_line
+
+
+def show_tracebacks() -> bool:
+    """FMT_TRACEBACK=1 (any value but '' and '0'): let internal errors raise."""
+    return os.environ.get("FMT_TRACEBACK", "") not in ("", "0")
+
+
+def error_line(message: object) -> None:
+    typer.echo(f"Error: {one_line(message)}", err=True)
+
+
+# The library names its parameters as Python keywords (``block=0``, ``use product='exact'``,
+# ``pass force=True``); on the command line they are options.  Library parameter -> flag:
+FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
+         "margin": "--margin", "percentile": "--percentile", "fixed_scale": "--fixed-scale",
+         "scale_rule": "--scale-rule", "recipe": "--recipe", "compare": "--compare",
+         "history": "--history", "first_axis": "--over-first-axis", "seed": "--seed",
+         "out": "--out", "force": "--force", "key": "--key", "backend": "--backend",
+         "device": "--device", "product": "--product", "rounding": "--rounding",
+         "overflow": "--overflow", "format": "--format", "workers": "--workers",
+         "chunk": "--chunk", "metric": "--metric"}
+KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
+PLAIN_VALUE = re.compile(r"[-+\w./]+")
+
+
+def as_options(error: FmtError) -> str:
+    """A library error as the command line says it: each ``name=value`` naming a library
+    parameter becomes the option and its value (``block=0`` -> ``--block 0``,
+    ``product='exact'`` -> ``--product exact``, ``force=True`` -> ``--force``); quotes stay
+    around values that need them (paths with spaces)."""
+    def option(match: re.Match) -> str:
+        flag = FLAGS.get(match["name"])
+        if flag is None:
+            return match[0]
+        value = match["value"]
+        if value == "True":
+            return flag
+        if value.startswith("'") and PLAIN_VALUE.fullmatch(value[1:-1]):
+            value = value[1:-1]
+        return f"{flag} {value}"
+
+    return KEYWORD.sub(option, str(error))
+
+
+def note(message: str) -> None:
+    """One line ``Note: ...`` on stderr, for notes that are not results (user text in the
+    message is shown as written: no rich markup is interpreted)."""
+    from rich.text import Text
+
+    stderr_console().print(Text.assemble(("Note:", "dim"), " ", one_line(message)),
+                           soft_wrap=True)
+
+
+def warning_as_note(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` of the CLI: a warning (a numpy RuntimeWarning that escaped
+    its source, say) becomes one ``Note:`` line instead of two lines naming our source."""
+    note(f"{message} ({category.__name__})")
+
+
+ASCII_LOOKALIKES = str.maketrans({"≈": "~", "█": "#", "→": "->", "…": "...",
+                                  "−": "-", "·": "."})
+
+
+class SafeStream:
+    """A text stream that cannot raise UnicodeEncodeError: characters its encoding lacks
+    become ASCII look-alikes (``≈`` -> ``~``, bars ``█`` -> ``#``), then ``?``.
+
+    rich reads ``encoding`` through it and draws ASCII boxes itself on a non-UTF stream;
+    this catches the characters of our own cells (PYTHONIOENCODING=ascii, a Latin-1 pipe)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        try:
+            text.encode(self.encoding)
+        except UnicodeEncodeError:
+            text = text.translate(ASCII_LOOKALIKES)
+            text = text.encode(self.encoding, "replace").decode(self.encoding)
+        except LookupError:  # an encoding Python does not know: plain ASCII
+            text = text.translate(ASCII_LOOKALIKES).encode("ascii", "replace").decode()
+        return self.stream.write(text)
+
+    def __getattr__(self, name):  # flush, isatty, fileno: the stream's own
+        return getattr(self.stream, name)
+
+
+def stdout_console():
+    """Console for results; built per command so tests can pin the width (COLUMNS).  rich is
+    imported here, not at start-up: --json runs never load it."""
+    from rich.console import Console
+
+    stream = SafeStream(sys.stdout)
+    if os.environ.get("COLUMNS", "").isdigit():
+        return Console(file=stream, width=max(20, int(os.environ["COLUMNS"])))
+    console = Console(file=stream)
+    if not console.is_terminal:  # a pipe or a file: don't squeeze tables into 80 columns
+        console = Console(file=stream, width=160)
+    return console
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(file=SafeStream(sys.stderr), highlight=False)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that what is left in its buffer cannot fail again when
+    Python flushes it at exit ("Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests)
+        pass
+
+
+@contextmanager
+def writing_results():
+    """Write results to stdout, flushed before leaving.  A reader that went away (``fmt
+    range | head -1``) ends the command quietly (BrokenPipeError, exit 1, as the group
+    handles it); any other failed write (a full disk: ``> /dev/full``) is a data error
+    of one line, not an internal one."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        raise
+    except OSError as error:
+        _discard_stdout()
+        raise DataError("cannot write the results to standard output "
+                        f"({error.strerror or error})") from None
+
+
+def emit(result, json_out: bool, **view) -> None:
+    """The one way every command prints its result: ``result.to_dict()`` as one JSON
+    document, or the table ``render.render(result, **view)`` builds for its type (``view``:
+    display options that change no number, e.g. the loss-scale histogram)."""
+    with writing_results():
+        if json_out:
+            from ..jsonsafe import dumps
+
+            typer.echo(dumps(result.to_dict()))
+        else:
+            from ..render import render
+
+            stdout_console().print(render(result, **view))
+
+
+class StderrProgress:
+    """A rich progress bar on stderr, shown only on a terminal and once work passes ~1 s."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.start = time.monotonic()
+        self.bar = None
+        self.task = None
+        self.enabled = sys.stderr.isatty()  # rich itself is imported only when needed
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if not self.enabled or time.monotonic() - self.start < 1.0:
+                return
+            from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                "[progress.percentage]{task.percentage:>3.0f}%",
+                                TimeRemainingColumn(), console=stderr_console(),
+                                transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

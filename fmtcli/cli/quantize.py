@@ -1,0 +1,144 @@
+"""``fmt quantize``: how much a tensor loses under a scaling scheme."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..choices import (
+    CHUNK_ELEMENTS,
+    RECIPE_NAMES,
+    Backend,
+    Device,
+    Granularity,
+    OverflowPolicy,
+    Product,
+    RoundingMode,
+    ScaleRule,
+)
+from ..errors import UsageError, shown
+from .app import UsageWithEllipsis, app
+from .options import (
+    AxisOption,
+    BackendOption,
+    BlockOption,
+    Compare,
+    DeviceOption,
+    JsonOption,
+    KeyOption,
+    Per,
+    PerOption,
+    ProductOption,
+    RoundingOption,
+    SeedOption,
+    TileOption,
+    WorkersOption,
+    check_not_empty,
+    granularity,
+    note_skipped,
+    resolve_one_format,
+    rule_with_value,
+)
+from .output import StderrProgress, emit, note
+
+
+@app.command("quantize", cls=UsageWithEllipsis,
+             short_help="How much does a tensor lose? Per tensor vs per block.")
+def quantize_command(
+    files: Annotated[Optional[list[str]], typer.Argument(
+        metavar="FILE", help="Tensors: .npy .npz .safetensors .pt/.pth .txt/.csv/.json, a "
+        "directory, or - for numbers on stdin. None: the article's built-in example "
+        "(1024 values of size ~0.001 and one outlier of 100).", show_default=False)] = None,
+    format_name: Annotated[Optional[str], typer.Option(
+        "--format", metavar="F", help="Element format.  [default: float8_e4m3fn]",
+        show_default=False)] = None,
+    block: BlockOption = None,
+    tile: TileOption = None,
+    per: PerOption = None,
+    axis: AxisOption = None,
+    scale_rule: Annotated[Optional[ScaleRule], typer.Option(
+        "--scale-rule", case_sensitive=False, metavar="RULE",
+        help="How a block's amax sets its scale: " + ", ".join(r.value for r in ScaleRule)
+        + " (see docs/quantize.md).  [default: amax]", show_default=False)] = None,
+    margin: Annotated[Optional[int], typer.Option(
+        "--margin", min=0, max=64, help="Divide scales by 2**margin (headroom), 0..64.")] = None,
+    percentile: Annotated[Optional[float], typer.Option(
+        "--percentile", metavar="Q", help="With --scale-rule percentile (implied): the "
+        "percentile of |x| (in percent, 0 < Q <= 100, e.g. 99.9) that maps to the format's "
+        "max; larger values saturate.", show_default=False)] = None,
+    fixed_scale: Annotated[Optional[str], typer.Option(
+        "--fixed-scale", metavar="S", help="With --scale-rule fixed (implied): one given "
+        "scale for the whole tensor, x_q = cast(x * S) / S (e.g. 64, 2**-4).",
+        show_default=False)] = None,
+    recipe: Annotated[Optional[str], typer.Option(
+        "--recipe", metavar="NAME", help="Format + granularity + scale rule together: "
+        + ", ".join(RECIPE_NAMES) + ". Explicit options override parts of it.")] = None,
+    rounding: RoundingOption = RoundingMode.NEAREST_EVEN,
+    overflow: Annotated[OverflowPolicy, typer.Option(
+        "--overflow", case_sensitive=False,
+        help="Beyond max: 'saturate' clips to +-max (what FP8 recipes do), 'ieee' gives "
+             "inf/NaN.")] = OverflowPolicy.SATURATE,
+    compare: Annotated[Compare, typer.Option(
+        "--compare", case_sensitive=False,
+        help="'tensor': per-tensor scaling beside the chosen scheme; 'none': the scheme "
+             "alone; 'all': every standard recipe.")] = Compare.TENSOR,
+    keys: KeyOption = None,
+    out: Annotated[Optional[str], typer.Option(
+        "--out", metavar="PATH", help="Write the scheme's result: .npy (dequantized values) "
+        "or .npz/.safetensors (codes and scales).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+    seed: SeedOption = 0,
+    backend: BackendOption = Backend.AUTO,
+    device: DeviceOption = Device.AUTO,
+    product: ProductOption = Product.FLOAT32,
+    chunk: Annotated[int, typer.Option(
+        "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
+        "depend on it).")] = CHUNK_ELEMENTS,
+    workers: WorkersOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """How much does a tensor lose? Scaled quantization, per tensor vs per block or tile.
+
+    x_q = cast(x * scale) / scale.  Prints flushed values, median/p99 relative error, max
+    abs error, RMSE, SQNR, bias and saturation for each scheme.  Default scheme: blocks
+    of 128 along the last axis, float8_e4m3fn, amax scales.  Tensors that are not floating
+    point (e.g. int64 position_ids) are skipped with a note on stderr.
+    """
+    from ..quantize import quantize
+    from ..quantize.writers import check_not_an_input, check_target
+    from ..schemes import build_scheme, comparison_schemes
+    from ..tensors import example_tensor, load_inputs
+
+    check_not_empty(format=format_name, recipe=recipe, key=keys, tile=tile, out=out)
+    scale_rule, fixed = rule_with_value(scale_rule, percentile, fixed_scale)
+    if fixed is not None and block is None and tile is None and per is None:
+        per = Per.TENSOR  # one given scale: the granularity does not matter
+    main_scheme = build_scheme(format=resolve_one_format(format_name), block=block, tile=tile,
+                               per=granularity(per), axis=axis, scale_rule=scale_rule,
+                               margin=margin, recipe=recipe, rounding=rounding,
+                               overflow=overflow, percentile=percentile, fixed_scale=fixed)
+    schemes = comparison_schemes(main_scheme, compare.value)
+    if out is not None:
+        if compare is Compare.ALL:
+            raise UsageError("--out writes one scheme; it cannot go with --compare all")
+        check_target(out, files or [], force)
+    if not files and keys:
+        raise UsageError("--key needs a FILE")
+    sources = load_inputs(files, keys) if files else [example_tensor()]
+    if out is not None:
+        check_not_an_input(out, sources)
+    note_skipped(sources)
+    if main_scheme.granularity is Granularity.COLUMN:
+        for s in sources:
+            if s.skipped is None and len(s.shape) <= 1 and s.size > 1:
+                note(f"--per column on the 1-D tensor {shown(s.name)}: each element is a "
+                     "column, so every element gets its own scale")
+    progress = StderrProgress("quantizing")
+    try:
+        result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
+                          progress=progress, out=out, backend=backend, device=device,
+                          product=product)
+    finally:
+        progress.close()
+    emit(result, json_out)
