@@ -238,7 +238,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
 
     ``progress(done, total)`` counts elements read over all tensors (a tensor with a
     per-tensor or per-column scheme is read twice).  ``out``: a path checked beforehand with
-    ``output.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
+    ``writers.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
     (``.npy``: dequantized values of the single tensor; ``.npz``/``.safetensors``: codes and
     scales of every tensor).  ``backend``/``device``: whose cast stores the scaled values
     (``backends``; torch runs in this process, one chunk at a time).  ``product``: the
