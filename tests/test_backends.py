@@ -7,7 +7,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import assert_no_traceback, strict_loads
+from cli_helpers import assert_no_traceback, strict_loads
 from typer.testing import CliRunner
 
 from fmtcli.backends import Backend, Device, cast, resolve

@@ -15,16 +15,11 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import assert_no_traceback, strict_loads
-from typer.testing import CliRunner
+from cli_helpers import assert_no_traceback, assert_usage_error, invoke, json_of, strict_loads
 
 from fmtcli import __version__
-from fmtcli.cli import app
 from fmtcli.fates import Fate
 from fmtcli.formats import ARTICLE_FORMATS, REGISTRY
-
-runner = CliRunner()
-WIDE = {"COLUMNS": "200"}
 
 ARTICLE_SIX = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                "float8_e5m2"]
@@ -36,27 +31,6 @@ SCALED_KEYS = {"scaled_stored", "recovered", "recovered_rel_error", "scaled_stat
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-def invoke(*args: str, env: dict | None = None):
-    return runner.invoke(app, list(args), env=WIDE if env is None else env)
-
-
-def json_of(*args: str, env: dict | None = None):
-    result = invoke(*args, "--json", env=env)
-    assert_no_traceback(result)
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return strict_loads(result.stdout)
-
-
-def assert_usage_error(result, starts: str | None = "Error:") -> None:
-    """Exit 2, nothing on stdout, no traceback; optionally one 'Error: ...' line on stderr."""
-    assert_no_traceback(result)
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    assert result.stdout == ""
-    if starts is not None:
-        assert result.stderr.startswith(starts), result.stderr
-        assert result.stderr.count("\n") == 1, result.stderr  # exactly one line
-
 
 def rows_of(*args: str):
     return json_of("underflow", *args)
@@ -556,14 +530,12 @@ def test_underflow_errors_one_line(args, starts):
 ])
 def test_underflow_click_usage_errors(args, mention):
     result = invoke("underflow", *args)
-    assert_usage_error(result, starts=None)
-    assert mention in result.stderr
+    assert_usage_error(result, mention)
 
 
 def test_range_mistyped_option_is_a_usage_error():
     result = invoke("range", "--jsn")
-    assert_usage_error(result, starts=None)
-    assert "--jsn" in result.stderr
+    assert_usage_error(result, "--jsn")
 
 
 def test_underflow_negative_seed_is_a_usage_error():

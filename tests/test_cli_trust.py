@@ -9,9 +9,7 @@ FMT_TRACEBACK=1 (tests/conftest.py): only the guard's own tests unset it.
 from __future__ import annotations
 
 import glob
-import json
 import os
-import struct
 import subprocess
 import sys
 import warnings
@@ -19,62 +17,24 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from cli_helpers import (
+    assert_data_error,
+    assert_error,
+    assert_usage_error,
+    invoke,
+    strict_loads,
+)
+from oracle import write_safetensors
 
 import fmtcli.quantize.writers as output
-from fmtcli.cli import app
 from fmtcli.errors import FmtError
 
-runner = CliRunner()
 BIG = "9" * 5000
 LONG = "x" * 100_000
 
 
-def invoke(*args, env=None, input=None):
-    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200", **(env or {})},
-                         input=input)
-
-
-def strict_loads(text: str):
-    def refuse(constant):
-        raise AssertionError(f"non-standard JSON constant {constant!r}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def assert_refused(result, code: int | None = None) -> str:
-    """Exit 1 or 2 (or ``code``), one 'Error:' line on stderr, nothing on stdout."""
-    assert result.exception is None or isinstance(result.exception, SystemExit), \
-        repr(result.exception)
-    assert "Traceback" not in result.stderr + result.stdout
-    assert result.exit_code in ((1, 2) if code is None else (code,)), \
-        (result.exit_code, result.stdout[:300], result.stderr[:300])
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr[:500]
-    assert len(lines[0]) < 2500, len(lines[0])  # a 100 kB argument is not echoed whole
-    return lines[0]
-
-
 def leftovers(directory) -> list[str]:
     return glob.glob(os.path.join(str(directory), ".fmtcli-*"))
-
-
-def write_safetensors(path, arrays: dict) -> None:
-    """A .safetensors file written by hand (an independent writer, as the format says)."""
-    codes = {np.dtype(np.int64): "I64", np.dtype(np.float32): "F32",
-             np.dtype(np.float16): "F16", np.dtype(ml_dtypes.bfloat16): "BF16"}
-    header, offset, blobs = {}, 0, []
-    for key, array in arrays.items():
-        blob = np.ascontiguousarray(array).tobytes()
-        header[key] = {"dtype": codes[array.dtype], "shape": list(array.shape),
-                       "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
 
 
 def checkpoint_like_a_real_one(path) -> list[str]:
@@ -220,7 +180,7 @@ def test_every_table_fits_the_console(args, columns):
     ["range", f"e5m{BIG}"], ["quantize", "--fixed-scale", BIG],
 ])
 def test_huge_numbers_in_arguments_are_usage_errors(args):
-    assert_refused(invoke(*args), 2)
+    assert_usage_error(invoke(*args))
 
 
 def test_a_long_exact_decimal_is_still_read():
@@ -238,7 +198,7 @@ def test_a_long_exact_decimal_is_still_read():
                                      ["check-backends", "e2m1"]])
 @pytest.mark.parametrize("seed", ["18446744073709551616", "-1", BIG, "1.5", "nan", ""])
 def test_seeds_outside_0_to_2_64_are_usage_errors(command, seed):
-    assert "--seed" in assert_refused(invoke(*command, "--seed", seed), 2)
+    assert "--seed" in assert_usage_error(invoke(*command, "--seed", seed))
 
 
 @pytest.mark.parametrize("command", [["underflow", "0.3", "-r", "stochastic"],
@@ -265,30 +225,30 @@ def data(tmp_path):
 
 def test_out_onto_a_directory_is_refused_even_with_force(data, tmp_path):
     (tmp_path / "outdir.npy").mkdir()
-    message = assert_refused(invoke("quantize", data, "--out", tmp_path / "outdir.npy",
-                                    "--force"), 2)
+    message = assert_usage_error(invoke("quantize", data, "--out", tmp_path / "outdir.npy",
+                                        "--force"))
     assert "is a directory" in message
     assert leftovers(tmp_path) == [] and os.listdir(tmp_path / "outdir.npy") == []
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 def test_out_where_no_file_can_be_created_is_refused():
-    message = assert_refused(invoke("quantize", "--out", "/proc/self/x.npy"))
+    message = assert_error(invoke("quantize", "--out", "/proc/self/x.npy"), (1, 2))
     assert "/proc/self" in message
 
 
 def test_out_under_a_file_is_refused(data, tmp_path):
     (tmp_path / "afile").write_text("keep")
-    assert "not a directory" in assert_refused(
-        invoke("quantize", data, "--out", tmp_path / "afile" / "x.npy"), 2)
+    assert "not a directory" in assert_usage_error(
+        invoke("quantize", data, "--out", tmp_path / "afile" / "x.npy"))
     assert (tmp_path / "afile").read_text() == "keep"
 
 
 def test_out_through_a_symlink_needs_force_and_replaces_the_link_only(data, tmp_path):
     (tmp_path / "target.npy").write_bytes(b"precious")
     os.symlink(tmp_path / "target.npy", tmp_path / "link.npy")
-    assert "symbolic link" in assert_refused(
-        invoke("quantize", data, "--out", tmp_path / "link.npy"), 2)
+    assert "symbolic link" in assert_usage_error(
+        invoke("quantize", data, "--out", tmp_path / "link.npy"))
     result = invoke("quantize", data, "--out", tmp_path / "link.npy", "--force",
                     "--compare", "none")
     assert result.exit_code == 0, result.stderr
@@ -308,8 +268,8 @@ def test_a_write_failing_midway_removes_its_temporary(data, tmp_path, monkeypatc
     monkeypatch.setattr(output, "_reserve", disk_full)  # the .npy's blocks, allocated first
     monkeypatch.setattr(output, "_write_safetensors", disk_full)
     monkeypatch.setattr(output.np, "savez", disk_full)
-    message = assert_refused(invoke("quantize", data, "--out", tmp_path / f"old{suffix}",
-                                    "--force"), 1)
+    message = assert_data_error(invoke("quantize", data, "--out", tmp_path / f"old{suffix}",
+                                    "--force"))
     assert "No space left on device" in message
     assert leftovers(tmp_path) == []
     assert (tmp_path / f"old{suffix}").read_bytes() == b"old"
@@ -320,8 +280,8 @@ def test_a_failing_rename_removes_its_temporary(data, tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(output.os, "replace", refuse)
-    assert "Permission denied" in assert_refused(
-        invoke("quantize", data, "--out", tmp_path / "q.npz"), 1)
+    assert "Permission denied" in assert_data_error(
+        invoke("quantize", data, "--out", tmp_path / "q.npz"))
     assert leftovers(tmp_path) == [] and not (tmp_path / "q.npz").exists()
 
 
@@ -370,7 +330,7 @@ def test_output_degrades_to_ascii(args, environment):
 # -- items 15, 16: paths with newlines, empty names -------------------------------------------
 
 def test_a_path_with_a_newline_makes_a_one_line_error(tmp_path):
-    message = assert_refused(invoke("quantize", "--out", str(tmp_path / "a\nb.txt")), 2)
+    message = assert_usage_error(invoke("quantize", "--out", str(tmp_path / "a\nb.txt")))
     assert "a\\nb.txt" in message
 
 
@@ -383,11 +343,11 @@ def test_a_path_with_a_newline_makes_a_one_line_error(tmp_path):
     ["quantize", "--format", "e4m3,"], ["range", "e4m3,,e5m2"], ["underflow", "1,,2"],
 ])
 def test_empty_names_are_refused_everywhere(args):
-    assert_refused(invoke(*args), 2)
+    assert_usage_error(invoke(*args))
 
 
 def test_an_empty_key_is_refused(data):
-    assert "--key" in assert_refused(invoke("quantize", data, "--key", ""), 2)
+    assert "--key" in assert_usage_error(invoke("quantize", data, "--key", ""))
 
 
 # -- papercuts ------------------------------------------------------------------------------------
@@ -410,7 +370,7 @@ def test_usage_lines_mark_repeatable_arguments(command, usage):
 def test_per_offers_only_what_it_takes():
     help_text = invoke("quantize", "--help").stdout
     assert "<tensor|row|column>" in help_text and "block|tile" not in help_text
-    assert "'block' is not one of" in assert_refused(invoke("quantize", "--per", "block"), 2)
+    assert "'block' is not one of" in assert_usage_error(invoke("quantize", "--per", "block"))
 
 
 def test_the_input_value_is_shown_with_all_its_digits():
@@ -465,7 +425,7 @@ def test_fixed_scale_through_the_cli():
     (["--fixed-scale", "-inf"], "positive"), (["--fixed-scale", "abc"], "cannot read"),
 ])
 def test_scale_rule_and_value_must_go_together(args, says):
-    assert says in assert_refused(invoke("quantize", *args), 2)
+    assert says in assert_usage_error(invoke("quantize", *args))
 
 
 # -- a battery of hostile arguments ----------------------------------------------------------------
@@ -505,12 +465,12 @@ HOSTILE = [
 @pytest.mark.parametrize("args", HOSTILE, ids=[" ".join(a)[:40] for a in HOSTILE])
 def test_hostile_arguments_are_refused_in_one_line(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert_refused(invoke(*args))
+    assert_error(invoke(*args), (1, 2))
     assert os.listdir(tmp_path) == []
 
 
 def test_quantize_of_empty_stdin_is_a_data_error():
-    assert_refused(invoke("quantize", "-", input=""), 1)
+    assert_data_error(invoke("quantize", "-", input=""))
 
 
 JSON_RUNS = [
@@ -530,7 +490,7 @@ JSON_RUNS = [
 def test_json_is_one_strict_document(args):
     result = invoke(*args, "--json")
     if result.exit_code != 0:  # a refusal is fine, if it is a clean one
-        assert_refused(result)
+        assert_error(result, (1, 2))
         return
     assert "Traceback" not in result.stderr
     strict_loads(result.stdout)
@@ -552,7 +512,7 @@ def test_quantize_product_option(tmp_path, product, flushed):
 
 @pytest.mark.parametrize("command", [["underflow", "1"], ["quantize"], ["scale-search"]])
 def test_product_takes_float32_or_exact(command):
-    assert "--product" in assert_refused(invoke(*command, "--product", "float16"), 2)
+    assert "--product" in assert_usage_error(invoke(*command, "--product", "float16"))
     result = invoke(*command, "--product", "exact", "--json")
     assert result.exit_code == 0, result.stderr
     strict_loads(result.stdout)

@@ -180,7 +180,7 @@ def test_neighbouring_seeds_round_independently(tmp_path):
 
 
 def test_stochastic_rounding_independent_of_chunks_and_workers(tmp_path):
-    from quantize_reference import parallel_kwargs
+    from cli_helpers import parallel_kwargs
 
     x = np.random.default_rng(3).standard_normal((64, 96)).astype(np.float32)
     runs = [stochastic_run(x, 2**64 - 1, tmp_path, chunk_elements=c, **parallel_kwargs(w))

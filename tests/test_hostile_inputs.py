@@ -19,7 +19,8 @@ import zipfile
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import assert_data_error, invoke, quantize_json, write_safetensors
+from cli_helpers import assert_data_error, invoke, quantize_json
+from oracle import write_safetensors
 
 from fmtcli import npyfile, textparse
 from fmtcli.errors import DataError

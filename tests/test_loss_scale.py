@@ -13,8 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from quantize_reference import assert_no_traceback, invoke, strict_loads
-from test_scale_search import INPUT_KINDS, assert_one_error_line, save, write_input
+from cli_helpers import (
+    assert_error,
+    assert_no_traceback,
+    assert_usage_error,
+    invoke,
+    strict_loads,
+)
+from test_scale_search import INPUT_KINDS, save, write_input
 
 from fmtcli.formats import get_format
 from fmtcli.lossscale import example_gradients
@@ -406,8 +412,8 @@ def test_histogram_table_marks_the_regions(tmp_path):
 
 def test_histogram_needs_loss_scale(tmp_path):
     path = save(tmp_path / "g.npy", np.ones(8, np.float32))
-    assert_one_error_line(invoke("scale-search", path, "--histogram"), 2, "--loss-scale")
-    assert_one_error_line(invoke("scale-search", "--histogram"), 2, "--loss-scale")
+    assert_usage_error(invoke("scale-search", path, "--histogram"), "--loss-scale")
+    assert_usage_error(invoke("scale-search", "--histogram"), "--loss-scale")
 
 
 # -- inputs ---------------------------------------------------------------------------------------------
@@ -440,8 +446,7 @@ def test_float64_gradients_beyond_float32_range(text):
 
 def test_formats_without_zero_are_a_usage_error(tmp_path):
     path = save(tmp_path / "g.npy", np.ones(8, np.float32))
-    assert_one_error_line(invoke("loss-scale", path, "--format", "e8m0"),
-                          2, "no zero")
+    assert_usage_error(invoke("loss-scale", path, "--format", "e8m0"), "no zero")
 
 
 @pytest.mark.parametrize("args, code, fragment", [
@@ -450,7 +455,7 @@ def test_formats_without_zero_are_a_usage_error(tmp_path):
     (["/nonexistent/dir/g.npy"], 1, "no such file"),
 ])
 def test_loss_scale_errors(args, code, fragment):
-    assert_one_error_line(invoke("loss-scale", *args), code, fragment)
+    assert_error(invoke("loss-scale", *args), code, fragment)
 
 
 def test_loss_scale_on_a_checkpoint_key(tmp_path: Path):
@@ -476,4 +481,4 @@ def test_the_old_spelling_still_works_with_a_deprecation_note(args):
 
 def test_loss_scale_refuses_what_belongs_to_scale_search():
     for args in (["--block", "32"], ["--per", "tensor"], ["--metric", "mse"]):
-        assert_one_error_line(invoke("loss-scale", *args), 2, "No such option")
+        assert_usage_error(invoke("loss-scale", *args), "No such option")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from quantize_reference import assert_no_traceback, invoke, strict_loads
+from cli_helpers import assert_no_traceback, invoke, strict_loads
 from test_loss_scale import direct_counts, log_uniform, sweep
 from test_scale_search import save
 

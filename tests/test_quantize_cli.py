@@ -1,6 +1,6 @@
 """``fmt quantize`` through the command line (typer's CliRunner, stdout and stderr apart).
 
-Figures are checked against ``quantize_reference`` (numpy + ml_dtypes brute force) and the
+Figures are checked against ``oracle`` (numpy + ml_dtypes brute force) and the
 article's example, never against fmtcli's own library output alone.
 """
 
@@ -16,23 +16,23 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import (
-    REL_RES,
-    SCALE_KEYS,
-    STAT_KEYS,
-    assert_matches_reference,
+from cli_helpers import (
     assert_no_traceback,
-    assert_scales_match,
     assert_usage_error,
-    heavy_tailed,
     invoke,
     only_scheme,
     parallel_option,
     quantize_json,
+    strict_loads,
+)
+from oracle import (
+    REL_RES,
+    assert_matches_reference,
+    assert_scales_match,
+    heavy_tailed,
     read_safetensors,
     ref_nvfp4,
     ref_quantize,
-    strict_loads,
     write_safetensors,
 )
 
@@ -40,6 +40,10 @@ from fmtcli.schemes import RECIPES
 from fmtcli.tensors import example_tensor
 
 BIG = 10 ** 9
+STAT_KEYS = {"granularity", "block", "scale_rule", "flushed_fraction", "median_rel_error",
+             "p99_rel_error", "max_abs_error", "rmse", "sqnr_db", "saturated", "count",
+             "nonzero", "flushed", "overflowed", "nan_produced", "bias", "scales"}
+SCALE_KEYS = {"min", "max", "distinct", "count"}
 RECIPE_ORDER = ["tensorwise", "rowwise", "deepseek", "mxfp8", "mxfp6", "mxfp4", "nvfp4"]
 # recipe -> (reference tile for a 2-D tensor without a 'weight' key, format, rule)
 RECIPE_REF = {

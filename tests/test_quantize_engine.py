@@ -1,5 +1,5 @@
 """The chunked quantization engine (``fmtcli.quantize.quantize``), checked against an
-independent brute-force reference (``quantize_reference``), across chunkings and worker
+independent brute-force reference (``oracle``), across chunkings and worker
 counts, on special values, and -- in a subprocess under a memory cap -- for streaming.
 """
 
@@ -17,11 +17,11 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from quantize_reference import (
+from cli_helpers import parallel_kwargs
+from oracle import (
     assert_matches_reference,
     assert_scales_match,
     heavy_tailed,
-    parallel_kwargs,
     ref_nvfp4,
     ref_quantize,
 )

@@ -1,7 +1,7 @@
 """``fmt scale-search`` (tensor scales) through the command line.
 
 Every figure is checked against an independent computation: the brute-force reference of
-``quantize_reference`` (numpy + ml_dtypes), hand-written scale rules (OCP MX, powers of two,
+``oracle`` (numpy + ml_dtypes), hand-written scale rules (OCP MX, powers of two,
 np.percentile), a hand-written Transformer Engine delayed-scaling loop, and the ``fmt
 quantize`` command for the same scheme.  JSON is parsed strictly (no NaN literals).
 """
@@ -16,18 +16,16 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import (
+from cli_helpers import (
+    assert_data_error,
+    assert_error,
     assert_no_traceback,
-    beyond_max,
-    cast,
-    heavy_tailed,
+    assert_usage_error,
     invoke,
     quantize_json,
-    ref_quantize,
-    ref_stats,
     strict_loads,
-    write_safetensors,
 )
+from oracle import beyond_max, cast, heavy_tailed, ref_quantize, ref_stats, write_safetensors
 
 E4M3 = "float8_e4m3fn"
 E4M3_MAX = 448.0
@@ -612,7 +610,7 @@ def test_blocked_granularity_has_no_delayed_rows_and_a_note(tmp_path):
 def test_over_first_axis_of_a_1d_tensor_is_a_usage_error(tmp_path):
     path = save(tmp_path / "v.npy", np.arange(1, 65, dtype=np.float32))
     result = invoke("scale-search", path, "--over-first-axis", "--json")
-    assert_one_error_line(result, 2, "--over-first-axis")
+    assert_usage_error(result, "--over-first-axis")
 
 
 # -- granularity options ---------------------------------------------------------------------------
@@ -687,13 +685,13 @@ def test_tiles_spanning_every_row_still_work(tmp_path, options, tile):
 def test_recipes_are_not_an_option_of_scale_search(matrix):
     path, _ = matrix
     result = invoke("scale-search", path, "--recipe", "mxfp8")
-    assert_one_error_line(result, 2, "--recipe")
+    assert_usage_error(result, "--recipe")
 
 
 def test_block_and_per_are_alternatives(matrix):
     path, _ = matrix
     result = invoke("scale-search", path, "--block", "32", "--per", "row")
-    assert_one_error_line(result, 2, "alternatives")
+    assert_usage_error(result, "alternatives")
 
 
 @pytest.mark.parametrize("fmt", ["float8_e5m2", "float4_e2m1fn", "float8_e8m0fnu"])
@@ -776,16 +774,6 @@ def test_table_marks_the_best_row(tmp_path):
 
 # -- errors ------------------------------------------------------------------------------------------------
 
-def assert_one_error_line(result, code: int, *fragments: str) -> None:
-    assert_no_traceback(result)
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    assert result.stdout == ""
-    assert result.stderr.startswith("Error:"), result.stderr
-    assert result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
-
-
 @pytest.mark.parametrize("args, code, fragment", [
     (["--format", "float9_nope"], 2, "unknown format"),
     (["--metric", "rmse"], 2, "--metric"),
@@ -797,14 +785,14 @@ def assert_one_error_line(result, code: int, *fragments: str) -> None:
 ])
 def test_usage_errors(matrix, args, code, fragment):
     path, _ = matrix
-    assert_one_error_line(invoke("scale-search", path, *args), code, fragment)
+    assert_error(invoke("scale-search", path, *args), code, fragment)
 
 
 def test_missing_file_and_key_without_file(tmp_path):
-    assert_one_error_line(invoke("scale-search", tmp_path / "nope.npy"), 1, "no such file")
-    assert_one_error_line(invoke("scale-search", "--key", "w"), 2, "--key")
+    assert_data_error(invoke("scale-search", tmp_path / "nope.npy"), "no such file")
+    assert_usage_error(invoke("scale-search", "--key", "w"), "--key")
     np.savez(tmp_path / "c.npz", a=np.ones(4, np.float32))
-    assert_one_error_line(invoke("scale-search", tmp_path / "c.npz", "--key", "zz"), 1, "zz")
+    assert_data_error(invoke("scale-search", tmp_path / "c.npz", "--key", "zz"), "zz")
 
 
 def test_built_in_example_without_a_file():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from quantize_reference import assert_no_traceback, invoke, quantize_json, strict_loads
+from cli_helpers import assert_no_traceback, invoke, quantize_json, strict_loads
 from test_scale_search import DELAYED_NAMES, by_name, save, search
 
 NOTHING = "nothing to quantize"

@@ -2,7 +2,7 @@
 
 Direction everywhere: ``x_q = cast(x * scale) / scale``.  Expected values are worked out by
 hand from the rules as published (Transformer Engine / torchao amax scaling, OCP MX v1.0
-§6.3, NVIDIA's RCEIL) or from ``quantize_reference``'s independent formulas.
+§6.3, NVIDIA's RCEIL) or from ``oracle``'s independent formulas.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import (
+from cli_helpers import parallel_kwargs
+from oracle import (
     FORMATS,
     assert_matches_reference,
     assert_scales_match,
     heavy_tailed,
-    parallel_kwargs,
     ref_nvfp4,
     ref_quantize,
     ref_scale,

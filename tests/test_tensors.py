@@ -1,7 +1,7 @@
 """Inputs of ``fmt quantize``: .npy .npz .safetensors .pt/.pth, text/CSV/JSON, stdin,
 several files and directories, and every way an input can be bad.
 
-Test data are written here, in tmp_path: .safetensors by ``quantize_reference``'s own
+Test data are written here, in tmp_path: .safetensors by ``oracle``'s own
 writer that follows the published layout (and, where installed, by the safetensors package).
 """
 
@@ -13,18 +13,15 @@ import zipfile
 import ml_dtypes
 import numpy as np
 import pytest
-from quantize_reference import (
+from cli_helpers import (
     assert_data_error,
-    assert_matches_reference,
     assert_no_traceback,
-    heavy_tailed,
     invoke,
     only_scheme,
     quantize_json,
-    ref_quantize,
     strict_loads,
-    write_safetensors,
 )
+from oracle import assert_matches_reference, heavy_tailed, ref_quantize, write_safetensors
 
 from fmtcli.tensors import load_inputs, load_path
 

@@ -1,19 +1,19 @@
-"""Shared helpers of the ``fmt quantize`` tests (not a test module itself).
+"""The independent oracle of the quantization tests (not a test module itself).
 
-- an independent, brute-force reference of scaled quantization written with numpy and
-  ml_dtypes only (pad to whole tiles, amax per tile, scale rule, clip to +-max, cast, divide);
-- the statistics of a quantization computed from that reference in float64;
-- a small .safetensors writer that follows the published layout byte by byte
-  (8-byte little-endian header length, JSON header, data), with knobs to corrupt it;
-- CliRunner wrappers and the strict JSON reader shared with tests/test_cli.py's style.
+- a brute-force reference of scaled quantization written with numpy and ml_dtypes only
+  (pad to whole tiles, amax per tile, scale rule, clip to +-max, cast, divide), NVFP4's
+  two-level scaling from its definition;
+- the statistics of a quantization computed from that reference in float64, and the
+  assertions that compare the engine's reported statistics with them;
+- a small .safetensors writer and reader that follow the published layout byte by byte
+  (8-byte little-endian header length, JSON header, data), with knobs to corrupt it.
 
-Nothing here imports fmtcli's own quantization code: the reference must be able to
-disagree with it.
+Nothing here imports fmtcli: the reference must be able to disagree with it.  The command
+line helpers (invoke, strict JSON, error assertions) are in tests/cli_helpers.py.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import struct
@@ -21,22 +21,10 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import pytest
-from typer.testing import CliRunner
-
-from fmtcli.cli import app
-
-runner = CliRunner()
-WIDE = {"COLUMNS": "200"}
 
 # Resolution of the reported quantiles (one histogram bin relative to its lower edge); the
 # tests read it from the JSON too and check that both agree.
 REL_RES = 2.0 ** -7
-
-STAT_KEYS = {"granularity", "block", "scale_rule", "flushed_fraction", "median_rel_error",
-             "p99_rel_error", "max_abs_error", "rmse", "sqnr_db", "saturated", "count",
-             "nonzero", "flushed", "overflowed", "nan_produced", "bias", "scales"}
-SCALE_KEYS = {"min", "max", "distinct", "count"}
 
 FORMATS = {  # name -> (ml_dtypes type, max, mantissa bits)
     "float8_e4m3fn": (ml_dtypes.float8_e4m3fn, 448.0, 3),
@@ -47,78 +35,9 @@ FORMATS = {  # name -> (ml_dtypes type, max, mantissa bits)
 }
 
 
-# -- CLI -----------------------------------------------------------------------------------
-
-def invoke(*args, input: str | None = None):
-    return runner.invoke(app, [str(a) for a in args], env=WIDE, input=input)
-
-
-def strict_loads(text: str):
-    """json.loads that refuses the non-standard NaN/Infinity/-Infinity literals."""
-    return json.loads(
-        text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c!r}"))
-
-
-def assert_no_traceback(result) -> None:
-    assert "Traceback" not in result.stdout
-    assert "Traceback" not in result.stderr
-    assert result.exception is None or isinstance(result.exception, SystemExit), \
-        repr(result.exception)
-
-
-def quantize_json(*args, input: str | None = None) -> dict:
-    """Run ``fmt quantize ARGS --json``; it must succeed; the parsed document."""
-    result = invoke("quantize", *args, "--json", input=input)
-    assert_no_traceback(result)
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
-    return strict_loads(result.stdout)
-
-
-def assert_data_error(result, *fragments: str) -> None:
-    """Exit 1, nothing on stdout, exactly one line 'Error: ...' on stderr, no traceback."""
-    assert_no_traceback(result)
-    assert result.exit_code == 1, (result.exit_code, result.stdout, result.stderr)
-    assert result.stdout == ""
-    assert result.stderr.startswith("Error:"), result.stderr
-    assert result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
-
-
-def assert_usage_error(result, *fragments: str) -> None:
-    """Exit 2, nothing on stdout, an 'Error: ...' line on stderr, no traceback."""
-    assert_no_traceback(result)
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    assert result.stdout == ""
-    assert result.stderr.startswith("Error:"), result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
-
-
-def only_scheme(doc: dict, tensor: int = 0) -> dict:
-    schemes = doc["tensors"][tensor]["schemes"]
-    assert len(schemes) == 1, [s["label"] for s in schemes]
-    return schemes[0]
-
-
 def as_float(value) -> float:
     """A JSON statistic back to a float ('nan', 'inf' and '-inf' are strings in --json)."""
     return float(value)
-
-
-# -- the engine's parallelism option was renamed (threads -> workers); accept either --------
-
-def parallel_kwargs(n: int) -> dict:
-    from fmtcli.quantize import quantize
-
-    params = inspect.signature(quantize).parameters
-    return {"workers": n} if "workers" in params else {"threads": n}
-
-
-def parallel_option() -> str:
-    from fmtcli.quantize import quantize
-
-    return "--workers" if "workers" in inspect.signature(quantize).parameters else "--threads"
 
 
 # -- .safetensors --------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""How the tests drive ``fmt`` and judge what it printed (not a test module itself).
+
+- ``invoke``: the command in-process through typer's CliRunner (stdout and stderr apart),
+  wide (COLUMNS=200) unless ``env`` says otherwise; ``run_fmt``: the real program in a
+  subprocess, as a user runs it (no FMT_TRACEBACK, COLUMNS=80 unless ``env`` says otherwise);
+- ``strict_loads``/``json_of``/``quantize_json``: a ``--json`` document, parsed strictly
+  (the non-standard NaN/Infinity literals fail the test);
+- ``assert_usage_error``/``assert_data_error``/``assert_error``: the shape of every refusal
+  (exit 2 or 1, nothing on stdout, exactly one ``Error: ...`` line on stderr, no traceback);
+- the engine's parallelism option under either of its names.
+
+The independent reference the figures are checked against is tests/oracle.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from fmtcli.cli import app
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "200"}
+# An error line this long echoes a hostile argument whole (a 100 kB value is cut).
+MAX_ERROR_LINE = 2500
+
+
+# -- running fmt ---------------------------------------------------------------------------
+
+def invoke(*args, env: dict | None = None, input: str | None = None):
+    """``fmt ARGS`` through CliRunner; ``env`` is merged over COLUMNS=200 (a value of None
+    unsets a variable); arguments are passed as str() (paths welcome)."""
+    return runner.invoke(app, [str(a) for a in args], env={**WIDE, **(env or {})}, input=input)
+
+
+def run_fmt(*args, env: dict | None = None, stdout=subprocess.PIPE, close_stdout: bool = False,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m fmtcli ARGS`` in a subprocess as a user runs it: no FMT_TRACEBACK, COLUMNS=80
+    merged under ``env``; stderr captured as bytes.  ``close_stdout`` starts it without
+    descriptor 1 (the shell's ``>&-``); ``stdout`` may be a file (e.g. /dev/full)."""
+    environment = {**os.environ, "COLUMNS": "80", **(env or {})}
+    environment.pop("FMT_TRACEBACK", None)
+    command = [sys.executable, "-m", "fmtcli", *map(str, args)]
+    if close_stdout:
+        command = ["bash", "-c", 'exec "$@" >&-', "fmt", *command]
+    return subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, env=environment,
+                          timeout=timeout)
+
+
+# -- JSON ----------------------------------------------------------------------------------
+
+def strict_loads(text: str):
+    """json.loads that refuses the non-standard NaN/Infinity/-Infinity literals."""
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant!r}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def json_of(*args, env: dict | None = None, input: str | None = None):
+    """Run ``fmt ARGS --json``: it must succeed; the strictly parsed document."""
+    result = invoke(*args, "--json", env=env, input=input)
+    assert_no_traceback(result)
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
+    return strict_loads(result.stdout)
+
+
+def quantize_json(*args, input: str | None = None) -> dict:
+    """Run ``fmt quantize ARGS --json``: it must succeed; the strictly parsed document."""
+    return json_of("quantize", *args, input=input)
+
+
+def only_scheme(doc: dict, tensor: int = 0) -> dict:
+    """The one scheme of ``fmt quantize --json``'s tensor (fails if there are several)."""
+    schemes = doc["tensors"][tensor]["schemes"]
+    assert len(schemes) == 1, [s["label"] for s in schemes]
+    return schemes[0]
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+def assert_no_traceback(result) -> None:
+    """No traceback printed and no exception other than the exit itself."""
+    assert "Traceback" not in result.stdout
+    assert "Traceback" not in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+
+
+def assert_error(result, code: int | tuple[int, ...], *fragments: str) -> str:
+    """A refusal: exit ``code`` (or one of them), nothing on stdout, exactly one line
+    'Error: ...' on stderr (of bounded length) holding every fragment, no traceback.
+    Returns that line."""
+    assert_no_traceback(result)
+    codes = code if isinstance(code, tuple) else (code,)
+    assert result.exit_code in codes, (result.exit_code, result.stdout[:300], result.stderr[:300])
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stderr.endswith("\n"), result.stderr[:500]
+    assert lines[0].startswith("Error: "), result.stderr[:500]
+    assert len(lines[0]) < MAX_ERROR_LINE, len(lines[0])
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, result.stderr[:500])
+    return lines[0]
+
+
+def assert_usage_error(result, *fragments: str) -> str:
+    """A usage error (exit 2) in one 'Error: ...' line holding every fragment."""
+    return assert_error(result, 2, *fragments)
+
+
+def assert_data_error(result, *fragments: str) -> str:
+    """A data error (exit 1) in one 'Error: ...' line holding every fragment."""
+    return assert_error(result, 1, *fragments)
+
+
+# -- the engine's parallelism option was renamed (threads -> workers); accept either --------
+
+def parallel_kwargs(n: int) -> dict:
+    """``quantize()``'s keyword for n workers, under the name this version uses."""
+    from fmtcli.quantize import quantize
+
+    params = inspect.signature(quantize).parameters
+    return {"workers": n} if "workers" in params else {"threads": n}
+
+
+def parallel_option() -> str:
+    """``fmt quantize``'s option for the number of workers, under this version's name."""
+    from fmtcli.quantize import quantize
+
+    return "--workers" if "workers" in inspect.signature(quantize).parameters else "--threads"
