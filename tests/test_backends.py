@@ -7,11 +7,9 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import assert_no_traceback, strict_loads
-from typer.testing import CliRunner
+from cli_helpers import assert_usage_error, invoke, json_of
 
 from fmtcli.backends import Backend, Device, cast, resolve
-from fmtcli.cli import app
 from fmtcli.errors import UsageError
 from fmtcli.formats import get_format
 from fmtcli.quantize import quantize
@@ -21,7 +19,6 @@ from fmtcli.tensors import example_tensor
 
 torch = pytest.importorskip("torch")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-runner = CliRunner()
 TORCH_SATURATES = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12)
 E4M3 = get_format("float8_e4m3fn")
 X = np.array([0, -0.0, 1, 3, 0.1, 1e-3, 1e-9, 300, 464, 465, 1e6, np.inf, -np.inf, np.nan, -5],
@@ -93,9 +90,7 @@ def test_torch_backend_without_torch_names_the_install(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_device_cuda_without_a_gpu_is_a_usage_error():
-    result = runner.invoke(app, ["quantize", "--backend", "torch", "--device", "cuda"])
-    assert result.exit_code == 2 and "CUDA" in result.stderr
-    assert_no_traceback(result)
+    assert_usage_error(invoke("quantize", "--backend", "torch", "--device", "cuda"), "CUDA")
 
 
 @pytest.mark.parametrize("backend", ["ml_dtypes", "torch"])
@@ -127,18 +122,14 @@ def test_quantize_backends_follow_the_overflow_policy():
 
 def test_underflow_backend_option():
     def status(backend):
-        result = runner.invoke(app, ["underflow", "500", "--format", "e4m3fn", "--backend",
-                                     backend, "--json"])
-        assert result.exit_code == 0, result.stderr
-        return strict_loads(result.stdout)[0]["status"]
+        return json_of("underflow", "500", "--format", "e4m3fn", "--backend", backend)[0]["status"]
     assert status("numpy") == "overflow"
     assert status("torch") == ("saturated" if TORCH_SATURATES else "overflow")
 
 
 def test_check_backends_json_classes():
-    result = runner.invoke(app, ["check-backends", "e4m3fn", "fp16", "tf32", "--json"])
-    assert result.exit_code == 0, result.stderr
-    reports = {(r["format"], r["backend"], r["device"]): r for r in strict_loads(result.stdout)}
+    reports = {(r["format"], r["backend"], r["device"]): r
+               for r in json_of("check-backends", "e4m3fn", "fp16", "tf32")}
     assert reports[("float16", "ml_dtypes", "cpu")]["agrees"]
     assert reports[("float16", "torch", "cpu")]["agrees"]
     e4 = reports[("float8_e4m3fn", "torch", "cpu")]
@@ -153,15 +144,15 @@ def test_check_backends_json_classes():
 
 
 def test_check_backends_finds_ml_dtypes_e8m0_subnormal_rounding():
-    result = runner.invoke(app, ["check-backends", "--format", "e8m0", "--json"])
-    report = next(r for r in strict_loads(result.stdout) if r["backend"] == "ml_dtypes")
+    report = next(r for r in json_of("check-backends", "--format", "e8m0")
+                  if r["backend"] == "ml_dtypes")
     assert report["value_mismatches"] > 0
     example = next(m for m in report["mismatches"] if m["kind"] == "value")["examples"][0]
     assert example["reference"] == 2.0 ** -127 and example["backend"] == 2.0 ** -126
 
 
 def test_check_backends_table():
-    result = runner.invoke(app, ["check-backends", "fp16"], env={"COLUMNS": "200"})
+    result = invoke("check-backends", "fp16")
     assert result.exit_code == 0 and "agrees" in result.stdout and "nan_payload" in result.stdout
 
 

@@ -5,20 +5,9 @@ command, in a subprocess where the failure needs one."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-
-
-def fmt(*args, env=None, close_stdout=False, timeout=120):
-    """Run ``python -m fmtcli`` as a user would (no FMT_TRACEBACK)."""
-    environment = {**os.environ, "COLUMNS": "80", **(env or {})}
-    environment.pop("FMT_TRACEBACK", None)
-    command = [sys.executable, "-m", "fmtcli", *args]
-    if close_stdout:  # the shell's '>&-': the program starts without descriptor 1
-        command = ["bash", "-c", 'exec "$@" >&-', "fmt", *command]
-    return subprocess.run(command, capture_output=True, env=environment, timeout=timeout)
+from cli_helpers import invoke, run_fmt
 
 
 @pytest.mark.parametrize("args", [["range"], ["underflow", "1", "--json"], ["quantize"],
@@ -26,7 +15,7 @@ def fmt(*args, env=None, close_stdout=False, timeout=120):
 def test_a_closed_stdout_is_one_error_line(args):
     """Python starts with sys.stdout = None when descriptor 1 is closed; writing the results
     crashed with AttributeError (exit 70, 'internal error')."""
-    done = fmt(*args, close_stdout=True)
+    done = run_fmt(*args, close_stdout=True)
     lines = done.stderr.decode().splitlines()
     assert done.returncode == 1, lines
     assert lines == ["Error: standard output is closed: nothing could be printed (redirect "
@@ -35,7 +24,7 @@ def test_a_closed_stdout_is_one_error_line(args):
 
 def test_a_closed_stdout_writes_no_out_file(tmp_path):
     """Refused before any work: --out is not written (and no file can take descriptor 1)."""
-    done = fmt("quantize", "--out", str(tmp_path / "x.npy"), close_stdout=True)
+    done = run_fmt("quantize", "--out", str(tmp_path / "x.npy"), close_stdout=True)
     assert done.returncode == 1
     assert os.listdir(tmp_path) == []
 
@@ -51,16 +40,13 @@ VALUES = "1e-8,3,70000,-0,nan,inf,68.00000357,1e-300,2**-24,448,-65504"
 def test_large_tables_are_drawn_exactly_as_rich_draws_them(monkeypatch, args, columns, colour):
     """Above render.PLAIN_ROWS rows a table of one-line cells (or its records) is laid out
     by fmtcli, not by rich; every byte (padding, rules, sections, styles) is the same."""
-    from typer.testing import CliRunner
-
     from fmtcli import render
-    from fmtcli.cli import app
 
     env = {"COLUMNS": str(columns), **colour}
     monkeypatch.setattr(render, "PLAIN_ROWS", 10**9)
-    by_rich = CliRunner().invoke(app, args, env=env)
+    by_rich = invoke(*args, env=env)
     monkeypatch.setattr(render, "PLAIN_ROWS", 0)
-    by_us = CliRunner().invoke(app, args, env=env)
+    by_us = invoke(*args, env=env)
     assert by_rich.exit_code == by_us.exit_code == 0
     assert by_us.stdout == by_rich.stdout
 
@@ -69,12 +55,8 @@ def test_large_tables_are_drawn_exactly_as_rich_draws_them(monkeypatch, args, co
 def test_a_table_of_thousands_of_values_is_not_laid_out_by_rich(table_renders, columns):
     """rich lays a table out at ~0.1 ms a row: 100,000 values in six formats took minutes
     (and as records, at 40 columns, longer).  Thousands of rows skip rich's Table."""
-    from typer.testing import CliRunner
-
-    from fmtcli.cli import app
-
     values = ",".join(str(i) for i in range(1, 501))
-    result = CliRunner().invoke(app, ["underflow", values], env={"COLUMNS": columns})
+    result = invoke("underflow", values, env={"COLUMNS": columns})
     assert result.exit_code == 0
     assert table_renders == []
     lines = result.stdout.splitlines()

@@ -4,40 +4,20 @@ command, in a subprocess where the failure needs one."""
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-from fmtcli.cli import app
-
-RUNNER = CliRunner()
+from cli_helpers import assert_data_error, assert_usage_error, invoke, run_fmt
+from oracle import write_safetensors
 
 
 def safetensors(path, tensors: dict) -> str:
-    header, data, offset = {}, b"", 0
-    for key, array in tensors.items():
-        raw = np.ascontiguousarray(array, np.float32).tobytes()
-        header[key] = {"dtype": "F32", "shape": list(array.shape),
-                       "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        data += raw
-    text = json.dumps(header).encode()
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(text)) + text + data)
+    """``tensors`` as float32 in a .safetensors file (oracle's writer); its path as text."""
+    write_safetensors(path, {k: np.asarray(v, np.float32) for k, v in tensors.items()})
     return str(path)
-
-
-def fmt(*args, stdout=subprocess.PIPE, env=None):
-    environment = {**os.environ, "COLUMNS": "80", **(env or {})}
-    environment.pop("FMT_TRACEBACK", None)  # as a user runs it
-    return subprocess.run([sys.executable, "-m", "fmtcli", *args], stdout=stdout,
-                          stderr=subprocess.PIPE, env=environment, timeout=120)
 
 
 MARKUP_KEYS = {"[/bad]": np.zeros(4), "[bold red]x": np.ones(4), "ok": np.arange(8.0)}
@@ -50,7 +30,7 @@ def test_names_with_rich_markup_are_shown_as_written(tmp_path, command):
     """A checkpoint key like '[/bad]' is text, not markup (it crashed scale-search's caption
     with MarkupError)."""
     path = safetensors(tmp_path / "m.safetensors", MARKUP_KEYS)
-    result = RUNNER.invoke(app, [*command, path], env={"COLUMNS": "120"})
+    result = invoke(*command, path, env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     if command == ["quantize"]:
         assert "[/bad]" in result.stdout and "[bold red]x" in result.stdout
@@ -62,7 +42,7 @@ def test_control_characters_in_names_are_escaped_in_tables(tmp_path):
     path = safetensors(tmp_path / "k.safetensors", {
         "a\x1b[31mred": np.ones(4), "b\nnewline": np.ones(4), "c\u202eRTL": np.ones(4),
         "k" * 5000: np.ones(4)})
-    result = RUNNER.invoke(app, ["quantize", path], env={"COLUMNS": "80"})
+    result = invoke("quantize", path, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "\x1b" not in out and "\u202e" not in out
@@ -76,7 +56,7 @@ def test_control_characters_in_names_are_escaped_in_tables(tmp_path):
                                   ["quantize", "--help"], ["loss-scale"]])
 def test_a_full_disk_on_stdout_is_one_error_line(args):
     with open("/dev/full", "w") as full:
-        done = fmt(*args, stdout=full)
+        done = run_fmt(*args, stdout=full)
     lines = done.stderr.decode().splitlines()
     assert done.returncode == 1, lines
     assert len(lines) == 1 and lines[0].startswith("Error:") and "space" in lines[0], lines
@@ -106,22 +86,18 @@ def test_out_of_memory_is_a_data_error(monkeypatch):
 
     monkeypatch.setattr("fmtcli.underflow.underflow_table", exhausted)
     monkeypatch.delenv("FMT_TRACEBACK", raising=False)
-    result = RUNNER.invoke(app, ["underflow", "1"])
-    assert result.exit_code == 1
-    assert result.stderr.startswith("Error: out of memory") and result.stderr.count("\n") == 1
+    assert_data_error(invoke("underflow", "1"), "Error: out of memory")
 
 
 def test_stdin_given_twice_is_a_usage_error():
-    result = RUNNER.invoke(app, ["quantize", "-", "-"], input="1 2 3\n")
-    assert result.exit_code == 2
-    assert result.stderr.startswith("Error: '-' (standard input) is given more than once")
+    assert_usage_error(invoke("quantize", "-", "-", input="1 2 3\n"),
+                       "Error: '-' (standard input) is given more than once")
 
 
 def test_a_table_of_many_values_renders_once(table_renders):
     """A layout that fits is rendered once, not once to check and again to print (a table of
     thousands of rows took twice as long)."""
-    result = RUNNER.invoke(app, ["underflow", "1,2,3", "--format", "fp16"],
-                           env={"COLUMNS": "200"})
+    result = invoke("underflow", "1,2,3", "--format", "fp16")
     assert result.exit_code == 0
     assert len(table_renders) == 1, table_renders
 
@@ -129,7 +105,7 @@ def test_a_table_of_many_values_renders_once(table_renders):
 def test_plain_fmt_lists_every_command_without_cutting_its_summary():
     """Click cuts a command's first sentence at ~45 characters with '...'; each command
     has a summary of its own that the listing shows whole (wrapped where narrow)."""
-    result = RUNNER.invoke(app, [], env={"COLUMNS": "80"})
+    result = invoke(env={"COLUMNS": "80"})
     assert result.exit_code == 0
     listing = result.stdout.split("Commands:")[1]
     assert "..." not in listing and "\u2026" not in listing

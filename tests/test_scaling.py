@@ -12,7 +12,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import parallel_kwargs
+from cli_helpers import assert_usage_error, invoke, parallel_kwargs
 from oracle import (
     FORMATS,
     assert_matches_reference,
@@ -79,12 +79,7 @@ def test_negative_and_fractional_margins_multiply_the_scale():
 
 
 def test_negative_margin_is_refused_on_the_command_line():
-    from typer.testing import CliRunner
-
-    from fmtcli.cli import app
-
-    result = CliRunner().invoke(app, ["quantize", "--margin", "-1", "--json"])
-    assert result.exit_code == 2 and result.stdout == ""
+    assert_usage_error(invoke("quantize", "--margin", "-1", "--json"), "--margin")
 
 
 def test_scale_keeps_the_shape_of_the_amax_grid():
