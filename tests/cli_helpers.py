@@ -3,8 +3,9 @@
 - ``invoke``: the command in-process through typer's CliRunner (stdout and stderr apart),
   wide (COLUMNS=200) unless ``env`` says otherwise; ``run_fmt``: the real program in a
   subprocess, as a user runs it (no FMT_TRACEBACK, COLUMNS=80 unless ``env`` says otherwise);
-- ``strict_loads``/``json_of``/``quantize_json``: a ``--json`` document, parsed strictly
-  (the non-standard NaN/Infinity literals fail the test);
+- ``succeeds``: a run that must exit 0 without a traceback; ``strict_loads``/``json_of``/
+  ``quantize_json``: a ``--json`` document, parsed strictly (the non-standard NaN/Infinity
+  literals fail the test);
 - ``assert_usage_error``/``assert_data_error``/``assert_error``: the shape of every refusal
   (exit 2 or 1, nothing on stdout, exactly one ``Error: ...`` line on stderr, no traceback);
 - the engine's parallelism option under either of its names.
@@ -62,12 +63,17 @@ def strict_loads(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def json_of(*args, env: dict | None = None, input: str | None = None):
-    """Run ``fmt ARGS --json``: it must succeed; the strictly parsed document."""
-    result = invoke(*args, "--json", env=env, input=input)
+def succeeds(*args, env: dict | None = None, input: str | None = None):
+    """``invoke(ARGS)``, which must exit 0 without a traceback; the result."""
+    result = invoke(*args, env=env, input=input)
     assert_no_traceback(result)
     assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
-    return strict_loads(result.stdout)
+    return result
+
+
+def json_of(*args, env: dict | None = None, input: str | None = None):
+    """Run ``fmt ARGS --json``: it must succeed; the strictly parsed document."""
+    return strict_loads(succeeds(*args, "--json", env=env, input=input).stdout)
 
 
 def quantize_json(*args, input: str | None = None) -> dict:

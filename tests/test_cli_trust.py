@@ -22,6 +22,7 @@ from cli_helpers import (
     assert_error,
     assert_usage_error,
     invoke,
+    quantize_json,
     strict_loads,
 )
 from oracle import write_safetensors
@@ -391,9 +392,7 @@ def test_per_column_on_a_1d_tensor_is_noted(data):
 
 
 def scheme_of(*args) -> dict:
-    result = invoke("quantize", *args, "--compare", "none", "--json")
-    assert result.exit_code == 0, result.stderr
-    return strict_loads(result.stdout)["tensors"][0]["schemes"][0]
+    return quantize_json(*args, "--compare", "none")["tensors"][0]["schemes"][0]
 
 
 def test_percentile_rule_through_the_cli():

@@ -18,6 +18,7 @@ from cli_helpers import (
     assert_no_traceback,
     assert_usage_error,
     invoke,
+    json_of,
     strict_loads,
 )
 from test_scale_search import INPUT_KINDS, save, write_input
@@ -38,10 +39,8 @@ F32 = np.float32
 # -- helpers ----------------------------------------------------------------------------
 
 def sweep(*args, input: str | None = None) -> dict:
-    result = invoke("loss-scale", *args, "--json", input=input)
-    assert_no_traceback(result)
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
-    return strict_loads(result.stdout)
+    """``fmt loss-scale ARGS --json``: must succeed; the strictly parsed document."""
+    return json_of("loss-scale", *args, input=input)
 
 
 def direct_counts(arrays, fmt: str = "float16") -> dict:

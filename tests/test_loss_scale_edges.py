@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cli_helpers import assert_no_traceback, invoke, strict_loads
+from cli_helpers import assert_no_traceback, invoke, strict_loads, succeeds
 from test_loss_scale import direct_counts, log_uniform, sweep
 from test_scale_search import save
 
 
 def table(*args) -> str:
-    result = invoke("loss-scale", *args)
-    assert_no_traceback(result)
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
-    return result.stdout
+    return succeeds("loss-scale", *args).stdout
 
 
 def test_best_safe_prefers_fewer_subnormals_among_scales_that_flush_nothing(tmp_path):

@@ -22,6 +22,7 @@ from cli_helpers import (
     assert_no_traceback,
     assert_usage_error,
     invoke,
+    json_of,
     quantize_json,
     strict_loads,
 )
@@ -52,10 +53,7 @@ METRICS = ["mse", "sqnr", "median-rel", "p99-rel", "flushed"]
 
 def search(*args, input: str | None = None) -> dict:
     """``fmt scale-search ARGS --json``: must succeed; the strictly parsed document."""
-    result = invoke("scale-search", *args, "--json", input=input)
-    assert_no_traceback(result)
-    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
-    return strict_loads(result.stdout)
+    return json_of("scale-search", *args, input=input)
 
 
 def by_name(doc: dict) -> dict:
