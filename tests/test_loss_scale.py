@@ -21,7 +21,7 @@ from cli_helpers import (
     json_of,
     strict_loads,
 )
-from test_scale_search import INPUT_KINDS, save, write_input
+from inputs import INPUT_KINDS, save, write_input
 
 from fmtcli.formats import get_format
 from fmtcli.lossscale import example_gradients

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cli_helpers import assert_no_traceback, invoke, strict_loads, succeeds
+from inputs import save
 from test_loss_scale import direct_counts, log_uniform, sweep
-from test_scale_search import save
 
 
 def table(*args) -> str:

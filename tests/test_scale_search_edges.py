@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cli_helpers import assert_no_traceback, invoke, quantize_json, strict_loads, succeeds
-from test_scale_search import DELAYED_NAMES, by_name, save, search
+from inputs import save
+from test_scale_search import DELAYED_NAMES, by_name, search
 
 NOTHING = "nothing to quantize"
 
