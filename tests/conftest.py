@@ -1,4 +1,16 @@
-"""Shared test set-up.
+"""Shared test set-up, and the map of the tests' helper modules.
+
+Helpers are plain modules the tests import (``from cli_helpers import invoke``; pytest puts
+tests/ on sys.path); fixtures live here.
+
+- tests/cli_helpers.py: how the tests drive ``fmt`` (``invoke`` through CliRunner at
+  COLUMNS=200, ``run_fmt`` in a subprocess as a user runs it, ``succeeds``) and judge what it
+  printed (``strict_loads``/``json_of``/``quantize_json``; ``assert_usage_error`` exit 2,
+  ``assert_data_error`` exit 1, ``assert_error``: one ``Error:`` line, nothing on stdout);
+- tests/oracle.py: the independent reference (brute-force scaled quantization and its float64
+  statistics, NVFP4 from its definition, a hand-written .safetensors writer/reader); it does
+  not import fmtcli, so it can disagree with it;
+- tests/inputs.py: the same arrays written as every input kind fmt reads (``write_input``).
 
 FMT_TRACEBACK=1 for the whole suite: the CLI's internal-error guard (any exception that
 escapes a command becomes one line and exit code 70) re-raises instead, so a bug shows up as
@@ -13,7 +25,6 @@ import os
 import pytest
 
 os.environ["FMT_TRACEBACK"] = "1"
-
 
 
 @pytest.fixture
