@@ -531,7 +531,7 @@ def test_out_refuses_to_write_onto_a_file_of_an_input_directory(tmp_path):
     original = (data / "x.npy").read_bytes()
     result = invoke("quantize", data, "--out", data / "x.npy", "--force")
     assert (data / "x.npy").read_bytes() == original
-    assert result.exit_code == 2
+    assert_usage_error(result)
 
 
 def test_out_bad_suffix_and_missing_directory(matrix, tmp_path):
