@@ -1,4 +1,7 @@
-"""Load the tensors users bring: .npy .npz .safetensors .pt/.pth, text/CSV/JSON, stdin.
+"""Load the tensors users bring: .npy .npz .safetensors .pt/.pth/.bin, text/CSV/JSON, stdin.
+
+Directories (Hugging Face model folders, sharded checkpoints by their index) are
+``checkpoints``' job; this module reads one file at a time.
 
 Every loader yields ``TensorSource`` objects that open their data lazily: ``.npy``,
 uncompressed ``.npz`` members and ``.safetensors`` tensors are memory-mapped (read-only), so
@@ -37,7 +40,7 @@ from . import npyfile, textparse
 from .dtypes import FLOAT_NAMES, SAFETENSORS_NAMES
 from .errors import DataError, UsageError, shown
 
-SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth", ".txt", ".csv", ".json")
+SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth", ".bin", ".txt", ".csv", ".json")
 FLOAT_KINDS = FLOAT_NAMES  # the real floating-point types (dtypes.TABLE)
 
 
@@ -332,9 +335,10 @@ def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
 
 
 def _load_torch(path: str) -> list[TensorSource]:
-    """Tensors of a .pt/.pth file (a state dict, nested dicts/lists, or one bare tensor),
-    loaded with ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and
-    plain containers; torch's own warnings are kept off stderr."""
+    """Tensors of a .pt/.pth/.bin file (a state dict, nested dicts/lists, or one bare tensor;
+    ``pytorch_model.bin`` is a state dict in torch's zip format), loaded with
+    ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and plain
+    containers; torch's own warnings are kept off stderr."""
     where = shown(path)
     try:
         import torch
@@ -388,8 +392,8 @@ def _load_text(path: str) -> list[TensorSource]:
 
 
 _LOADERS = {".npy": _load_npy, ".npz": _load_npz, ".safetensors": _load_safetensors,
-            ".pt": _load_torch, ".pth": _load_torch, ".txt": _load_text, ".csv": _load_text,
-            ".json": _load_text}
+            ".pt": _load_torch, ".pth": _load_torch, ".bin": _load_torch, ".txt": _load_text,
+            ".csv": _load_text, ".json": _load_text}
 
 
 _NOT_REGULAR = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"),
@@ -412,16 +416,10 @@ def load_path(path: str) -> list[TensorSource]:
     except (OSError, ValueError) as error:  # ELOOP, EACCES, a NUL byte in the path
         raise DataError(f"{where}: cannot read ({getattr(error, 'strerror', None) or error})"
                         ) from None
-    if stat.S_ISDIR(info.st_mode):
-        found = []
-        for root, _, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                if os.path.splitext(name)[1].lower() in SUFFIXES:
-                    found.extend(load_path(os.path.join(root, name)))
-        if not found:
-            raise DataError(f"{where}: no tensor files in this directory "
-                            f"(looked for {', '.join(SUFFIXES)})")
-        return found
+    if stat.S_ISDIR(info.st_mode):  # a model folder, or the tensor files it holds
+        from . import checkpoints  # imports this module: loaded when a directory is given
+
+        return checkpoints.load_directory(path)
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in _LOADERS:
         raise DataError(f"{where}: unsupported file type {shown(suffix or '(none)')}",
@@ -430,6 +428,10 @@ def load_path(path: str) -> list[TensorSource]:
         kind = next((text for test, text in _NOT_REGULAR if test(info.st_mode)), "special")
         raise DataError(f"{where}: not a regular file ({kind})",
                         "to read a stream, pipe it to - (stdin)")
+    if path.lower().endswith((".safetensors.index.json", ".bin.index.json")):
+        from . import checkpoints
+
+        return checkpoints.load_index(path)[0]  # a sharded checkpoint, by its index
     return _LOADERS[suffix](path)
 
 
