@@ -317,6 +317,10 @@ _UNSAFE_HINT = ("if you trust the file, load it yourself and save its tensors wi
 def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
     """One line saying why torch.load(weights_only=True) refused or failed."""
     text = str(error)
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80" and "GLOBAL" not in text:
+        # text or random bytes: torch's unpickler stumbles on them as on a refused object
+        return DataError(f"{where}: not a readable torch checkpoint (neither a torch zip "
+                         "archive nor a pickle)")
     if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in text:
         found = re.search(r"GLOBAL ([\w.]+)", text)
         what = f", here {found.group(1)}" if found else ""
@@ -326,8 +330,6 @@ def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
                          _UNSAFE_HINT)
     if head[:4] == b"PK\x03\x04":
         reason = "a damaged or truncated torch zip archive"
-    elif head[:1] != b"\x80":
-        reason = "neither a torch zip archive nor a pickle"
     else:
         first = re.sub(r"\x1b\[[0-9;]*m|[^ -~]", "", text.strip().split("\n")[0])[:100]
         reason = f"{type(error).__name__}{': ' + first if first else ''}"
