@@ -73,6 +73,12 @@ def _is_tensor_file(name: str) -> bool:
     return _suffix(name) in TENSOR_SUFFIXES or _is_hf_weights(name)
 
 
+def _listing(names: list[str], limit: int = 4) -> str:
+    """Up to ``limit`` quoted file names, and how many more."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(shown(name) for name in names[:limit]) + more
+
+
 def load_directory(path: str) -> list[tensors.TensorSource]:
     """Every tensor of a directory given as FILE, by the rules of this module's docstring."""
     folders = [(root, sorted(files)) for root, dirs, files in os.walk(path)
@@ -116,13 +122,9 @@ def _load_model_folder(root: str, files: list[str]) -> list[tensors.TensorSource
         left = [name for name in files if name not in used
                 and (_is_tensor_file(name) or _index_kind(name))]
         if left:
-            listing = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4
-                                             else "")
-            read = ", ".join((indexes or weights)[:2]) + (", ..." if len(indexes or weights) > 2
-                                                         else "")
-            warnings.warn(f"{shown(root)}: read as one checkpoint ({shown(read)}); not read: "
-                          f"{shown(listing)} (give a file as FILE to read it)",
-                          CheckpointNote, stacklevel=2)
+            warnings.warn(f"{shown(root)}: read as one Hugging Face checkpoint "
+                          f"({_listing(indexes or weights)}); not read: {_listing(left)} "
+                          "(give a file as FILE to read it)", CheckpointNote, stacklevel=2)
         return found
     raise AssertionError("a model folder holds an index or weights")  # pragma: no cover
 
@@ -188,10 +190,11 @@ def load_index(path: str) -> tuple[list[tensors.TensorSource], list[str]]:
     held = {}
     for shard in shards:
         shard_path = os.path.join(folder, shard)
-        if not os.path.exists(shard_path):
+        if not os.path.isfile(shard_path):  # missing, a directory, or a broken link
             count = sum(1 for s in weight_map.values() if s == shard)
-            raise DataError(f"{shown(path)}: shard {shown(shard)} is missing (the index "
-                            f"puts {count:,} tensor{'s' if count > 1 else ''} in it)")
+            raise DataError(f"{shown(path)}: shard {shown(shard)} is missing or not a file "
+                            f"(the index puts {count:,} tensor{'s' if count > 1 else ''} "
+                            "in it)")
         held[shard] = {source.key: source for source in tensors.load_path(shard_path)}
     found = []
     for name, shard in weight_map.items():
