@@ -132,6 +132,18 @@ def test_the_index_given_as_file_reads_the_sharded_checkpoint(tmp_path):
     assert [s.key for s in sources] == INDEX_ORDER
 
 
+def test_a_snapshot_of_the_hub_cache_whose_files_are_links_to_blobs_is_read(tmp_path):
+    source = sharded_folder(tmp_path / "saved")
+    blobs, snapshot = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for number, path in enumerate(sorted(source.iterdir())):
+        blob = blobs / f"{number:040x}"  # blobs are named by hash, without a suffix
+        path.rename(blob)
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    assert [s.key for s in load_inputs([str(snapshot)])] == INDEX_ORDER
+
+
 def test_config_and_tokenizer_json_beside_model_safetensors_are_not_read_as_tensors(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
