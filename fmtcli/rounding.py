@@ -255,7 +255,9 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
 
     ``x`` is the input, ``r`` its unbounded rounding (modified in place and returned).  When
     ``counts`` is a dict, ``counts["beyond"]`` receives how many values rounded past max and
-    ``counts["overflowed"]`` how many of those became inf or NaN (the rest saturated).
+    ``counts["overflowed"]`` how many of those became inf or NaN (the rest saturated); with
+    ``counts["where"]`` set true, ``counts["saturated_at"]`` receives the flat indices of the
+    saturated ones (for per-block counts).
     """
     fmax = spec.max
     saturate = overflow is OverflowPolicy.SATURATE or not (spec.has_inf or spec.has_nan)
@@ -286,12 +288,17 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
         # beyond max: values that rounded past max (not negatives of an unsigned format,
         # not infinities that stay infinite); overflowed: those of them now inf or NaN
         counts["beyond"] = counts["overflowed"] = 0
+        where = counts.get("where")
+        if where:
+            counts["saturated_at"] = np.zeros(0, np.intp)
         if beyond:
             counted = big & ~(np.isinf(x) & ~np.isfinite(r))
             if not spec.signed:
                 counted &= ~(x < 0)
             counts["beyond"] = int(np.count_nonzero(counted))
             counts["overflowed"] = int(np.count_nonzero(counted & ~np.isfinite(r)))
+            if where:
+                counts["saturated_at"] = np.flatnonzero(counted & np.isfinite(r))
     return r
 
 

@@ -291,7 +291,7 @@ def _delayed(steps: list[TensorSource], plain: Scheme, history: int, algorithm: 
             continue
         scheme = replace(plain, scale_rule=ScaleRule.FIXED, fixed_scale=scale)
         per_scheme, _ = quantize_tensor(step, [scheme], **options)
-        _, step_acc, step_summary = per_scheme[0]
+        step_acc, step_summary = per_scheme[0].acc, per_scheme[0].scales
         acc.merge(step_acc)
         summary.merge(step_summary)
     stats = SchemeStats.from_accumulator(

@@ -15,7 +15,7 @@ LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md li
     **dict.fromkeys(["choices", "errors", "dtypes"], 0),
     **dict.fromkeys(["formats", "rounding", "literals", "fates", "scaling", "schemes",
                      "backends"], 1),
-    **dict.fromkeys(["tensors", "npyfile", "textparse"], 2),
+    **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),
     **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance"], 3),
     **dict.fromkeys(["render", "plaintable", "jsonsafe"], 4),
     **dict.fromkeys(["cli", "__main__"], 5),

@@ -40,6 +40,7 @@ from ..scaling import (
     scale_to_e4m3,
 )
 from ..schemes import ScaleFormat, Scheme
+from .blocks import block_sizes
 from .metrics import ErrorAccumulator
 
 
@@ -148,12 +149,27 @@ def _wide_quotient(r: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(narrow) | ~np.isfinite(wide), narrow, wide)
 
 
+@dataclass
+class BlockFacts:
+    """What one chunk's blocks did (schemes whose blocks fit in a chunk): per block, values
+    flushed to zero and values in it; how many blocks saturated a value; with worst blocks
+    asked for, each block's largest relative error (NaN where it has no nonzero value)."""
+
+    flushed: np.ndarray  # (block rows, block columns) of the chunk
+    sizes: np.ndarray
+    saturating: int
+    amax: np.ndarray
+    scale: np.ndarray
+    max_rel: np.ndarray | None = None
+
+
 class ChunkKernel:
     """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
 
     def __init__(self, plan: Plan, seed: int, backend: Backend = Backend.NUMPY,
-                 device: Device = Device.CPU, name: str = "tensor") -> None:
+                 device: Device = Device.CPU, name: str = "tensor", worst: int = 0) -> None:
         self.plan = plan
+        self.worst = worst  # > 0: each block's largest relative error too (worst blocks)
         self.name = name  # the tensor's, for messages
         self.exact = plan.scheme.product is Product.EXACT
         self.spec = plan.scheme.format
@@ -173,7 +189,8 @@ class ChunkKernel:
 
     def run(self, x: np.ndarray, origin: tuple[int, int, int], hist: np.ndarray,
             keep: str | None, shared: dict | None = None):
-        """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array).
+        """Quantize one chunk; returns (accumulator, scales of its tiles or None, kept array,
+        ``BlockFacts`` or None: schemes whose tiles span the chunk's rows have none).
 
         ``origin``: (first row, first column, columns of the whole matrix), which places the
         chunk's elements for stochastic rounding.  ``keep``: None, "values" (x_q) or "codes"
@@ -213,7 +230,7 @@ class ChunkKernel:
         xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
         padding = xp.size - x.size
         xw = self._working(xp)  # what gets scaled: float32, or float64 (exact product)
-        local_scales = x_max = None
+        local_scales = local_amax = x_max = None
         in_range = False  # known that no |x * scale| exceeds the format's max
         if plan.is_global:
             scale = plan.scales
@@ -226,6 +243,7 @@ class ChunkKernel:
             else:
                 scale = scales_for(amax, plan)
             local_scales = scale
+            local_amax = amax
             # |x * scale| <= fl(amax * scale) in the data's own arithmetic (rounding is
             # monotone), so this bounds every scaled value exactly
             peak = float(np.max(amax * scale.astype(amax.dtype)))
@@ -254,7 +272,8 @@ class ChunkKernel:
                 if not spec.signed:
                     counted &= flat[past] >= 0
                 counts = {"beyond": int(np.count_nonzero(counted)),
-                          "overflowed": int(np.count_nonzero(counted & ~np.isfinite(r[past])))}
+                          "overflowed": int(np.count_nonzero(counted & ~np.isfinite(r[past]))),
+                          "saturated_at": past[counted & np.isfinite(r[past])]}
             elif self.fast and flat.dtype == np.float32:
                 r = round_float32_nearest_even(flat, spec)
             else:
@@ -263,7 +282,7 @@ class ChunkKernel:
                     rng = PositionalUniform(self.seed, _positions(origin, xp.shape, shape4))
                 r = round_unbounded(flat, spec, scheme.rounding, rng)
             if self.backend is Backend.NUMPY:
-                counts = {"beyond": 0, "overflowed": 0}
+                counts = {"beyond": 0, "overflowed": 0, "where": not plan.is_global}
                 if not (in_range and plain):  # values beyond max, or the format's own rules
                     r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
         overflowed = counts["overflowed"]
@@ -275,6 +294,7 @@ class ChunkKernel:
                 x_q = _wide_quotient(r.reshape(shape4), s4)
             if dead is not None:
                 x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
+        x_q4 = x_q
         x_q = x_q.reshape(xp.shape)
         if padding and not spec.has_zero:  # padding is 0, which such formats make NaN
             x_q[rows:, :] = 0
@@ -284,8 +304,37 @@ class ChunkKernel:
             kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
         acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared)
+        facts = None
+        if not plan.is_global:
+            facts = self._facts(xp.reshape(shape4), x_q4, (rows, cols), shape4, acc.flushed,
+                                counts.get("saturated_at"), local_amax, local_scales)
         if keep == "values":
             kept = x_q[:rows, :cols]
-        return acc, local_scales, kept
+        return acc, local_scales, kept, facts
+
+    def _facts(self, x4, x_q4, shape, shape4, any_flushed, saturated_at, amax, scale
+               ) -> BlockFacts:
+        """Per-block facts of the chunk (``x4``, ``x_q4``: the padded chunk in its block
+        view; ``any_flushed``: the chunk's count, so that the usual chunk without a flushed
+        value costs no pass).  Flushed: a nonzero finite input whose result is zero (padding
+        is zero: never)."""
+        flushed = np.zeros((shape4[0], shape4[2]), np.intp)
+        if any_flushed:  # zero results are few: find them, then keep the nonzero inputs
+            at = np.flatnonzero(x_q4 == 0)
+            x = x4.reshape(-1)[at]
+            at = at[(x != 0) & np.isfinite(x)]
+            a, _, c, _ = np.unravel_index(at, shape4)
+            np.add.at(flushed, (a, c), 1)
+        saturating = 0
+        if saturated_at is not None and saturated_at.size:
+            a, _, c, _ = np.unravel_index(saturated_at, shape4)
+            saturating = int(np.unique(a * shape4[2] + c).size)
+        tr, tc = shape4[1], shape4[3]
+        facts = BlockFacts(flushed, block_sizes(shape[0], shape[1], tr, tc), saturating,
+                           amax, scale)
+        if self.worst:
+            rel = np.abs(x_q4 - x4) / np.abs(x4)  # NaN for 0 / 0 (zeros, padding)
+            facts.max_rel = np.fmax.reduce(np.fmax.reduce(rel, axis=3), axis=1)  # NaN skipped
+        return facts
 
 

@@ -25,6 +25,7 @@ from ..errors import DataError, shown
 from ..scaling import Product
 from ..schemes import Scheme, for_tensor
 from ..tensors import TensorSource
+from .results import SchemeRun
 
 # From this many elements of one tensor on, --backend auto with --device auto runs the
 # schemes the fused CUDA kernel takes on the GPU when torch and a GPU with room for it are
@@ -104,7 +105,7 @@ def quantize_on_gpu(source: TensorSource, schemes: list[Scheme], progress):
     for scheme in schemes:
         scheme = for_tensor(scheme, source.key, len(source.shape))
         acc, summary = quantize_blocks_cuda(x, scheme)
-        results.append((scheme, acc, summary))
+        results.append(SchemeRun(scheme, acc, summary))  # no per-block facts on this path
     if progress:
         progress(source.size, source.size)
     return results

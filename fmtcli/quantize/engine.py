@@ -26,12 +26,29 @@ from ..backends import Backend, Device
 from ..errors import UsageError, shown
 from ..scaling import Product, ScaleRule
 from ..schemes import ScaleFormat, Scheme, for_tensor
-from ..tensors import TensorSource
+from ..tensors import TensorSource, numpy_dtype
+from .blocks import (
+    FRACTION_BINS,
+    WORST_FIELDS,
+    BlockAccumulator,
+    WorstBlock,
+    chunk_worst,
+    exponent_counts,
+    fraction_counts,
+)
 from .chunk import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
 from .cuda import quantize_on_gpu, route
 from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
 from .parallel import default_workers, run_tasks, shared_array
-from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
+from .results import (
+    GroupResult,
+    QuantizeResult,
+    ScaleSummary,
+    SchemeRun,
+    TensorResult,
+    top_blocks,
+)
+from .roles import roles_in_order
 from .stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, keep_freed_memory, matrix_shape
 from .writers import NpyWriter, codes_of, output_names, write_codes
 
@@ -127,11 +144,13 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
                     progress: Progress | None = None, keep: int | None = None,
                     keep_mode: str = "values", sink: Callable | None = None,
                     backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
-                    product: Product | str | None = None):
+                    product: Product | str | None = None, worst: int = 0):
     """Quantize one tensor under every scheme.
 
-    Returns a list of (scheme as applied, accumulator, scale summary) and, with ``keep`` (a
-    scheme index), that scheme's scale grid (tiles of the matrix view) and tile shape.  The
+    Returns a list of ``results.SchemeRun`` (the scheme as applied, its accumulator, scale
+    summary, per-block facts and, with ``worst`` > 0, its ``worst`` worst blocks) and, with
+    ``keep`` (a scheme index), that scheme's scale grid (tiles of the matrix view) and tile
+    shape.  The
     kept scheme's output per chunk goes to ``sink(row_slice, col_slice, array)``, called in
     the worker processes: the sink must write to shared memory (a memory-mapped file or a
     ``parallel.shared_array``).  ``product``: the width of ``x * scale`` for every scheme
@@ -150,7 +169,7 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
         results, kept = _quantize_tensor(reader, source, [schemes[i] for i in rest], seed,
                                          chunk_elements, workers, progress,
                                          None if keep is None else rest.index(keep),
-                                         keep_mode, sink, [casts[i] for i in rest])
+                                         keep_mode, sink, [casts[i] for i in rest], worst)
     finally:
         reader.close()
     if len(rest) == len(schemes):
@@ -171,7 +190,7 @@ def with_product(schemes: list[Scheme], product: Product | str | None) -> list[S
 
 
 def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, progress, keep,
-                     keep_mode, sink, casts):
+                     keep_mode, sink, casts, worst):
     rows, cols = matrix_shape(source.shape)
     plans = plan_schemes(source, schemes)
     chunks = chunk_slices(rows, cols, plans, chunk_elements)
@@ -182,11 +201,18 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         _first_pass(reader, chunks, plans, workers,
                     (lambda done: progress(done, total)) if progress else None)
         offset = rows * cols
-    kernels = [ChunkKernel(p, seed, b, d, source.name) for p, (b, d) in zip(plans, casts)]
+    kernels = [ChunkKernel(p, seed, b, d, source.name, worst) for p, (b, d) in zip(plans, casts)]
     packed = len(ErrorAccumulator.PACKED)
     records = shared_array((len(chunks), len(plans), packed), np.float64)
     n_workers = max(1, min(workers, len(chunks)))
     hists = shared_array((n_workers, len(plans), HIST_BINS), np.int64)
+    # per-block facts: scalars per chunk, the flushed-fraction histogram per worker, and the
+    # worst blocks of each chunk (merged in chunk order, like everything else)
+    block_records = shared_array((len(chunks), len(plans), len(BlockAccumulator.PACKED)),
+                                 np.int64)
+    fractions = shared_array((n_workers, len(plans), FRACTION_BINS), np.int64)
+    worst_rows = shared_array((len(chunks), len(plans), worst, len(WORST_FIELDS)), np.float64) \
+        if worst else None
     long_row = rows == 1 and len(chunks) > 1
     grids = [None if p.is_global else
              shared_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
@@ -198,15 +224,23 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         x = reader.read(rs, cs)
         shared: dict = {}
         for i, kernel in enumerate(kernels):
-            acc, scales, kept = kernel.run(x, (rs.start, cs.start, cols), hists[worker, i],
-                                           keep_mode if keep == i else None, shared)
+            acc, scales, kept, facts = kernel.run(x, (rs.start, cs.start, cols),
+                                                  hists[worker, i],
+                                                  keep_mode if keep == i else None, shared)
             acc.pack(records[index, i])
             if scales is not None:
                 tr, tc = plans[i].tile
-                if long_row:
-                    grids[i][:, cs.start // tc:cs.start // tc + scales.shape[1]] = scales
-                else:
-                    grids[i][rs.start // tr:rs.start // tr + scales.shape[0], :] = scales
+                first_row, first_col = (0, cs.start // tc) if long_row else (rs.start // tr, 0)
+                grids[i][first_row:first_row + scales.shape[0],
+                         first_col:first_col + scales.shape[1]] = scales
+            if facts is not None:
+                block_records[index, i] = (facts.flushed.size,
+                                           np.count_nonzero(facts.flushed), facts.saturating)
+                fractions[worker, i] += fraction_counts(facts.flushed, facts.sizes)
+                if worst:
+                    worst_rows[index, i] = chunk_worst(facts.flushed, facts.max_rel, facts.amax,
+                                                       facts.scale, facts.sizes, first_row,
+                                                       first_col, worst)
             if kept is not None and sink is not None:
                 sink(rs, cs, kept)
         return x.size
@@ -219,8 +253,17 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         for index in range(len(chunks)):
             acc.merge(ErrorAccumulator.unpack(records[index, i]), hist=False)
         summary = ScaleSummary()
-        summary.add(plan.scales if plan.is_global else grids[i])
-        results.append((plan.scheme, acc, summary))
+        grid = plan.scales if plan.is_global else grids[i]
+        summary.add(grid)
+        run = SchemeRun(plan.scheme, acc, summary, exponent_counts(grid))
+        if not plan.is_global:
+            run.blocks = BlockAccumulator(*(int(v) for v in block_records[:, i].sum(axis=0)),
+                                          fractions=fractions[:, i].sum(axis=0))
+            if worst:
+                rows = worst_rows[:, i].reshape(-1, len(WORST_FIELDS))
+                run.worst = top_blocks(np.concatenate([rows, np.zeros((len(rows), 1))],
+                                                      axis=1), worst)
+        results.append(run)
     kept = None
     if keep is not None:
         grid = plans[keep].scales if plans[keep].is_global else grids[keep]
@@ -230,40 +273,51 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
 
 def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 0,
              chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
-             progress: Progress | None = None, out: str | None = None,
-             out_scheme: int = -1, backend: Backend | str = Backend.NUMPY,
-             device: Device | str = Device.CPU,
-             product: Product | str | None = None) -> QuantizeResult:
-    """Quantize every usable tensor under every scheme; with several tensors, a total.
+             progress: Progress | None = None, on_tensor: Callable[[str], None] | None = None,
+             out: str | None = None, out_scheme: int = -1,
+             backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
+             product: Product | str | None = None, worst_blocks: int = 0) -> QuantizeResult:
+    """Quantize every usable tensor under every scheme; totals and groups by role.
 
-    ``progress(done, total)`` counts elements read over all tensors (a tensor with a
-    per-tensor or per-column scheme is read twice).  ``out``: a path checked beforehand with
-    ``writers.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
+    ``progress(done, total)`` counts bytes of the tensors' data (as stored) over all tensors;
+    ``on_tensor(name)`` is called as each tensor starts.  ``out``: a path checked beforehand
+    with ``writers.check_target``; the scheme ``out_scheme`` of ``schemes`` is written there
     (``.npy``: dequantized values of the single tensor; ``.npz``/``.safetensors``: codes and
     scales of every tensor).  ``backend``/``device``: whose cast stores the scaled values
     (``backends``; torch runs in this process, one chunk at a time).  ``product``: the
     width of ``x * scale`` (``scaling.Product``: float32 by default for every data type,
-    or exact); None keeps each scheme's own.
+    or exact); None keeps each scheme's own.  ``worst_blocks``: how many of each scheme's
+    worst blocks to report (0: none).
+
+    With several tensors the result has a total per scheme; ``groups`` merges the tensors
+    whose names differ only in layer indices (``roles``), exactly, in checkpoint order.
     """
     keep_freed_memory()
     schemes = with_product(schemes, product)
     usable = [s for s in sources if s.skipped is None]
-    grand_total = sum(s.size for s in usable)
+    sizes = [s.size * numpy_dtype(s.dtype).itemsize for s in usable]  # bytes as stored
+    grand_total = sum(sizes)
     keep = None if out is None else range(len(schemes))[out_scheme]
     to_npy = out is not None and out.lower().endswith(".npy")
     if to_npy and len(usable) != 1:
         raise UsageError(f"out={shown(out)}: a .npy holds one tensor and there are "
                          f"{len(usable)}",
                          "write .npz or .safetensors")
+    if worst_blocks < 0:
+        raise UsageError(f"worst_blocks={worst_blocks}: must be >= 0")
     tensors, coded = [], []
     names = dict(zip(map(id, usable), output_names(usable)))
-    totals = [ErrorAccumulator() for _ in schemes]
-    total_scales = [ScaleSummary() for _ in schemes]
+    totals = [SchemeRun.empty(s) for s in schemes]
+    roles = roles_in_order([s.name if s.key is None else s.key for s in usable])
+    role_of_tensor = {i: role for role, members in roles.items() for i in members}
+    groups = {role: [SchemeRun.empty(s, histogram=False) for s in schemes] for role in roles}
     base = 0
+    usable_index = 0
     for source in sources:
         if source.skipped is not None:
             tensors.append(TensorResult(source.info(), ()))
             continue
+        index, usable_index = usable_index, usable_index + 1
         writer = sink = codes = None
         if keep is not None and to_npy:
             wide = (source.dtype == "float64"
@@ -280,39 +334,46 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
 
         tensor_progress = None
         if progress:
-            def tensor_progress(done, total, base=base, size=source.size):
+            def tensor_progress(done, total, base=base, size=sizes[index]):
                 progress(base + done * size // max(total, 1), grand_total)
+        if on_tensor:
+            on_tensor(source.name)
         try:
-            per_scheme, kept = quantize_tensor(
+            runs, kept = quantize_tensor(
                 source, schemes, seed=seed, chunk_elements=chunk_elements, workers=workers,
                 progress=tensor_progress, keep=keep, keep_mode="values" if to_npy else "codes",
-                sink=sink, backend=backend, device=device)
+                sink=sink, backend=backend, device=device, worst=worst_blocks)
         except BaseException:
             if writer is not None:
                 writer.abort()
             raise
-        base += source.size
-        stats = []
-        for i, (scheme, acc, summary) in enumerate(per_scheme):
-            stats.append(SchemeStats.from_accumulator(scheme, acc, summary))
-            totals[i].merge(acc)
-            total_scales[i].merge(summary)
-        tensors.append(TensorResult(source.info(), tuple(stats)))
+        base += sizes[index]
+        for run in runs:
+            run.worst[:, -1] = index  # the worst blocks' tensor, for the report
+        tensors.append(TensorResult(source.info(), tuple(run.stats() for run in runs)))
+        for i, run in enumerate(runs):
+            totals[i].merge(run, worst_blocks)
+            groups[role_of_tensor[index]][i].merge(run)
         if writer is not None:
             writer.close()
         elif codes is not None:
             grid, tile = kept
-            applied = per_scheme[keep][0]
+            applied = runs[keep].scheme
             coded.append((names[id(source)], np.array(codes).reshape(source.shape), grid,
                           {"scheme": applied.to_dict(), "tile": list(tile),
                            "shape": list(source.shape)}))
     if coded:
         write_codes(out, coded)
-    total = None
-    if len(usable) > 1:
-        total = tuple(SchemeStats.from_accumulator(s, a, summary)
-                      for s, a, summary in zip(schemes, totals, total_scales))
+    total = tuple(run.stats() for run in totals) if len(usable) > 1 else None
     output = None if out is None else {"path": out, "scheme": schemes[keep].label,
                                        "content": "dequantized values" if to_npy
                                        else "codes and scales"}
-    return QuantizeResult(tuple(tensors), total, tuple(schemes), output)
+    group_results = tuple(
+        GroupResult(role, tuple(usable[i].name for i in members),
+                    tuple(run.stats() for run in groups[role]))
+        for role, members in roles.items())
+    worst = tuple(
+        WorstBlock(scheme.label, usable[int(row[-1])].name, int(row[2]), int(row[3]),
+                   float(row[4]), float(row[5]), int(row[6]), int(row[0]), float(row[1]))
+        for scheme, run in zip(schemes, totals) for row in run.worst)
+    return QuantizeResult(tuple(tensors), total, tuple(schemes), output, group_results, worst)

@@ -5,13 +5,22 @@ Renderers read their attributes; ``to_dict()`` is the JSON document and nothing 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..schemes import Scheme
 from ..tensors import TensorInfo, skipped_records
-from .metrics import REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_sum
+from .blocks import (
+    EXP_BINS,
+    WORST_FIELDS,
+    BlockAccumulator,
+    BlockStats,
+    WorstBlock,
+    log2_histogram,
+    worst_key,
+)
+from .metrics import HIST_BINS, REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_sum
 
 DISTINCT_CAP = 1 << 16
 
@@ -134,9 +143,14 @@ class SchemeStats:
     bias: float
     scales: ScaleStats
     rel_error_resolution: float = REL_ERROR_RESOLUTION
+    # floor(log2(scale)) -> blocks using it (None where not known: the CUDA path)
+    scale_log2_histogram: dict[int, int] | None = None
+    blocks: BlockStats | None = None  # per-block facts (None: scales span the tensor, CUDA)
 
     @classmethod
-    def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary) -> SchemeStats:
+    def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary,
+                         exponents: np.ndarray | None = None,
+                         blocks: BlockAccumulator | None = None) -> SchemeStats:
         """The statistics of an accumulator.  An inf/NaN result of a finite input is an
         unbounded error (``metrics``): then mse/rmse/max_abs_error are inf, sqnr_db -inf and
         bias NaN, rather than figures over the finite results that would look better."""
@@ -165,7 +179,9 @@ class SchemeStats:
             saturated=acc.saturated, overflowed=acc.overflowed, nan_produced=acc.nan_produced,
             median_rel_error=acc.quantile(0.5), p99_rel_error=acc.quantile(0.99),
             max_abs_error=max_abs, rmse=rmse, mse=mse, sqnr_db=sqnr, bias=bias,
-            scales=scales.stats())
+            scales=scales.stats(),
+            scale_log2_histogram=None if exponents is None else log2_histogram(exponents),
+            blocks=None if blocks is None else blocks.stats())
 
     @property
     def saturated_fraction(self) -> float:
@@ -192,7 +208,89 @@ class SchemeStats:
             "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
             "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution")})
         out["scales"] = self.scales.to_dict()
+        out["scale_log2_histogram"] = (None if self.scale_log2_histogram is None else
+                                       {str(e): n for e, n in self.scale_log2_histogram.items()})
+        out["blocks"] = None if self.blocks is None else self.blocks.to_dict()
         return out
+
+
+@dataclass
+class SchemeRun:
+    """The mergeable state of one scheme over one tensor, a group of tensors or all of them:
+    the error accumulator, the scales used, per-block facts and the worst blocks (rows of
+    ``blocks.WORST_FIELDS`` plus the tensor's index).  ``blocks``/``exponents`` are None
+    where they are not known (scales spanning the tensor have no blocks; the CUDA path keeps
+    neither); a merge with an unknown part leaves it unknown."""
+
+    scheme: Scheme
+    acc: ErrorAccumulator
+    scales: ScaleSummary
+    exponents: np.ndarray | None = None
+    blocks: BlockAccumulator | None = None
+    worst: np.ndarray = field(default_factory=lambda: np.zeros((0, len(WORST_FIELDS) + 1)))
+    sparse: list | None = None  # (bins, counts) of merged histograms, where kept sparse
+
+    @classmethod
+    def empty(cls, scheme: Scheme, histogram: bool = True) -> SchemeRun:
+        """A run to merge others into (``histogram=False``: its histogram is kept sparse,
+        as a list of the merged runs' nonzero bins, for the many groups of a checkpoint)."""
+        return cls(scheme, ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64) if histogram
+                                            else None), ScaleSummary(),
+                   np.zeros(EXP_BINS, np.int64), BlockAccumulator(),
+                   sparse=None if histogram else [])
+
+    def merge(self, other: SchemeRun, worst: int = 0) -> None:
+        """Add another run (keeping the ``worst`` worst blocks of both)."""
+        self.acc.merge(other.acc, hist=self.sparse is None)
+        if self.sparse is not None:
+            keys = np.flatnonzero(other.acc.hist)
+            self.sparse.append((keys, other.acc.hist[keys]))
+        self.scales.merge(other.scales)
+        if self.exponents is not None and other.exponents is not None:
+            self.exponents = self.exponents + other.exponents
+        else:
+            self.exponents = None
+        if self.blocks is not None and other.blocks is not None:
+            self.blocks.merge(other.blocks)
+        else:
+            self.blocks = None
+        if worst:
+            self.worst = top_blocks(np.concatenate([self.worst, other.worst]), worst)
+
+    def stats(self) -> SchemeStats:
+        acc = self.acc
+        if self.sparse is not None:
+            acc = replace(acc, hist=np.zeros(HIST_BINS, np.int64))
+            for keys, counts in self.sparse:
+                acc.hist[keys] += counts
+        return SchemeStats.from_accumulator(self.scheme, acc, self.scales, self.exponents,
+                                            self.blocks)
+
+
+def top_blocks(rows: np.ndarray, k: int) -> np.ndarray:
+    """The k worst of worst-block rows (``blocks.worst_key`` order)."""
+    rows = rows[~np.isnan(rows[:, 0])] if rows.size else rows
+    order = sorted(range(len(rows)), key=lambda i: worst_key(rows[i]))[:k]
+    return rows[order]
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """Tensors whose names differ only in layer indices (``roles.role_of``), merged exactly:
+    their statistics per scheme as if they were one tensor."""
+
+    pattern: str
+    tensors: tuple[str, ...]  # names, in checkpoint order
+    schemes: tuple[SchemeStats, ...]
+
+    @property
+    def count(self) -> int:
+        """How many tensors share the pattern."""
+        return len(self.tensors)
+
+    def to_dict(self) -> dict:
+        return {"pattern": self.pattern, "tensors": list(self.tensors), "count": self.count,
+                "schemes": [s.to_dict() for s in self.schemes]}
 
 
 @dataclass(frozen=True)
@@ -225,6 +323,8 @@ class QuantizeResult:
     total: tuple[SchemeStats, ...] | None
     schemes: tuple[Scheme, ...]
     output: dict | None = None
+    groups: tuple[GroupResult, ...] = ()  # by role, in checkpoint order
+    worst_blocks: tuple[WorstBlock, ...] = ()  # per scheme, worst first (when asked for)
 
     @property
     def quantized(self) -> list[TensorResult]:
@@ -241,4 +341,6 @@ class QuantizeResult:
         if self.output:
             out["output"] = self.output
         out["skipped"] = skipped_records(t.tensor for t in self.tensors)
+        out["groups"] = [g.to_dict() for g in self.groups]
+        out["worst_blocks"] = [b.to_dict() for b in self.worst_blocks]
         return out
