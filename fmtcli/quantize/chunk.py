@@ -167,8 +167,10 @@ class ChunkKernel:
     """The per-chunk work of one scheme: scale, cast, divide back, accumulate statistics."""
 
     def __init__(self, plan: Plan, seed: int, backend: Backend = Backend.NUMPY,
-                 device: Device = Device.CPU, name: str = "tensor", worst: int = 0) -> None:
+                 device: Device = Device.CPU, name: str = "tensor", worst: int = 0,
+                 mse_only: bool = False) -> None:
         self.plan = plan
+        self.mse_only = mse_only  # only the squared errors (scale-search's MSE search)
         self.worst = worst  # > 0: each block's largest relative error too (worst blocks)
         self.name = name  # the tensor's, for messages
         self.exact = plan.scheme.product is Product.EXACT
@@ -303,9 +305,10 @@ class ChunkKernel:
         if keep == "codes":
             kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
-        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared)
+        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared,
+                      mse_only=self.mse_only)
         facts = None
-        if not plan.is_global:
+        if not plan.is_global and not self.mse_only:
             facts = self._facts(xp.reshape(shape4), x_q4, (rows, cols), shape4, acc.flushed,
                                 counts.get("saturated_at"), local_amax, local_scales)
         if keep == "values":

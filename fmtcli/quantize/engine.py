@@ -144,13 +144,15 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
                     progress: Progress | None = None, keep: int | None = None,
                     keep_mode: str = "values", sink: Callable | None = None,
                     backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
-                    product: Product | str | None = None, worst: int = 0):
+                    product: Product | str | None = None, worst: int = 0,
+                    mse_only: bool = False):
     """Quantize one tensor under every scheme.
 
     Returns a list of ``results.SchemeRun`` (the scheme as applied, its accumulator, scale
     summary, per-block facts and, with ``worst`` > 0, its ``worst`` worst blocks) and, with
     ``keep`` (a scheme index), that scheme's scale grid (tiles of the matrix view) and tile
-    shape.  The
+    shape.  ``mse_only``: each run's accumulator holds only what ``mse()`` needs (for
+    searches that rank many scales by MSE; the CPU path, numpy backend).  The
     kept scheme's output per chunk goes to ``sink(row_slice, col_slice, array)``, called in
     the worker processes: the sink must write to shared memory (a memory-mapped file or a
     ``parallel.shared_array``).  ``product``: the width of ``x * scale`` for every scheme
@@ -169,7 +171,8 @@ def quantize_tensor(source: TensorSource, schemes: list[Scheme], *, seed: int = 
         results, kept = _quantize_tensor(reader, source, [schemes[i] for i in rest], seed,
                                          chunk_elements, workers, progress,
                                          None if keep is None else rest.index(keep),
-                                         keep_mode, sink, [casts[i] for i in rest], worst)
+                                         keep_mode, sink, [casts[i] for i in rest], worst,
+                                         mse_only)
     finally:
         reader.close()
     if len(rest) == len(schemes):
@@ -190,7 +193,7 @@ def with_product(schemes: list[Scheme], product: Product | str | None) -> list[S
 
 
 def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, progress, keep,
-                     keep_mode, sink, casts, worst):
+                     keep_mode, sink, casts, worst, mse_only):
     rows, cols = matrix_shape(source.shape)
     plans = plan_schemes(source, schemes)
     chunks = chunk_slices(rows, cols, plans, chunk_elements)
@@ -201,7 +204,8 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         _first_pass(reader, chunks, plans, workers,
                     (lambda done: progress(done, total)) if progress else None)
         offset = rows * cols
-    kernels = [ChunkKernel(p, seed, b, d, source.name, worst) for p, (b, d) in zip(plans, casts)]
+    kernels = [ChunkKernel(p, seed, b, d, source.name, worst, mse_only)
+               for p, (b, d) in zip(plans, casts)]
     packed = len(ErrorAccumulator.PACKED)
     records = shared_array((len(chunks), len(plans), packed), np.float64)
     n_workers = max(1, min(workers, len(chunks)))

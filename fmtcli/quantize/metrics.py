@@ -160,17 +160,54 @@ class ErrorAccumulator:
 
     def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
                   overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None,
-                  x_max: float | None = None, shared: dict | None = None) -> None:
+                  x_max: float | None = None, shared: dict | None = None,
+                  mse_only: bool = False) -> None:
         """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result.
 
         ``padding`` trailing zeros were added to the chunk to fill whole blocks: they are
         not counted.  ``work`` is an optional float32 scratch array of the same size;
         ``x_max`` max|x| if the caller knows it (it picks the summation's precision).
         ``shared``: a dict kept across the schemes of one chunk, which caches sum(x**2).
+        ``mse_only``: only what ``mse()`` needs (count, finite pairs, the squared errors),
+        computed exactly as the full statistics compute it; chunks holding inf or NaN take
+        the full path.
         """
         with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
+            if mse_only and self._add_squared_errors(x.reshape(-1), x_q.reshape(-1), padding):
+                return
             self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work,
                       x_max, {} if shared is None else shared)
+
+    def _add_squared_errors(self, x, x_q, padding) -> bool:
+        """The ``mse_only`` part of ``_add`` for a chunk whose errors are all finite (False
+        otherwise, having added nothing)."""
+        err = np.subtract(x_q, x)
+        if not math.isfinite(float(np.add.reduce(err))):
+            return False
+        self.count += x.size - padding
+        self.finite_pairs += x.size - padding
+        abs_err = np.abs(err, out=err)
+        max_err = float(abs_err.max()) if abs_err.size else 0.0
+        self.max_abs_err = max(self.max_abs_err, max_err)
+        small, big, tiny = _sum_of_squares(abs_err, max_err)
+        self.sum_err2 += small
+        self.sum_err2_big += big
+        self.sum_err2_tiny += tiny
+        return True
+
+    def mse(self) -> float:
+        """Mean squared error over the finite pairs (inf for an unbounded error, NaN with
+        no pair); the figure ``results.SchemeStats`` reports."""
+        pairs = self.finite_pairs
+        if self.unbounded:
+            return math.inf
+        if not pairs:
+            return math.nan
+        err2, err_power = scaled_sum(self.sum_err2, self.sum_err2_big, self.sum_err2_tiny)
+        if not err_power:
+            return err2 / pairs
+        rmse = math.ldexp(math.sqrt(err2 / pairs), err_power // 2)
+        return rmse * rmse  # inf (0) where only the root fits in a float64
 
     def _add(self, x, x_q, saturated, overflowed, padding, work, x_max, shared) -> None:
         err = np.subtract(x_q, x, out=work.reshape(-1) if work is not None else None)

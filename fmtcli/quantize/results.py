@@ -159,8 +159,7 @@ class SchemeStats:
         err2, err_power = scaled_sum(acc.sum_err2, acc.sum_err2_big, acc.sum_err2_tiny)
         x2, x_power = scaled_sum(acc.sum_x2, acc.sum_x2_big, acc.sum_x2_tiny)
         rmse = math.ldexp(math.sqrt(err2 / pairs), err_power // 2) if pairs else math.nan
-        # inf (0) where only the root fits in a float64 (errors near 1e300, 1e-300)
-        mse = (err2 / pairs if not err_power else rmse * rmse) if pairs else math.nan
+        mse = acc.mse()
         if err2 == 0:
             sqnr = math.inf if x2 > 0 else math.nan
         elif x2 > 0:
@@ -170,7 +169,7 @@ class SchemeStats:
         max_abs = acc.max_abs_err if pairs else math.nan
         bias = acc.sum_err / pairs if pairs else math.nan
         if acc.unbounded:
-            mse = rmse = max_abs = math.inf
+            rmse = max_abs = math.inf
             sqnr, bias = -math.inf, math.nan
         return cls(
             scheme=scheme, count=acc.count, nonzero=acc.nonzero, zeros=acc.zeros,
