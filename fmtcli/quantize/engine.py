@@ -82,7 +82,7 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
     cols = reader.cols
     targets = [p for p in plans if needs_first_pass(p)]
     widths = [-(-cols // p.tile[1]) if p.is_global else 1 for p in targets]
-    workers = max(1, min(workers, len(chunks)))
+    workers = worker_count(workers, chunks)
     partial = [shared_array((workers, w), reader.dtype) for w in widths]  # float64 stays
     percentile = [p for p in targets if p.scheme.scale_rule is ScaleRule.PERCENTILE]
     hists = shared_array((workers, HIST_BINS), np.int64) if percentile else None
@@ -115,6 +115,21 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
             p.scales = scales_for(np.array([[clip]], dtype=np.float32), p)
         elif p.is_global:
             p.scales = scales_for(amax, p)
+
+
+# Forking a worker costs about a millisecond and its exit and the wait for it more: below
+# this many values a tensor is done sooner in this process (measured: a 44-tensor
+# checkpoint of 3.5M values, 0.32 s with a fork for every tensor of 3 chunks or more).
+PARALLEL_ELEMENTS = 1 << 21
+
+
+def worker_count(workers: int, chunks: list) -> int:
+    """How many processes share a tensor's chunks: one for a small tensor, else up to
+    ``workers`` (one chunk each at least)."""
+    elements = sum((rs.stop - rs.start) * (cs.stop - cs.start) for rs, cs in chunks)
+    if elements < PARALLEL_ELEMENTS:
+        return 1
+    return max(1, min(workers, len(chunks)))
 
 
 def needs_first_pass(plan: Plan) -> bool:
@@ -208,7 +223,7 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
                for p, (b, d) in zip(plans, casts)]
     packed = len(ErrorAccumulator.PACKED)
     records = shared_array((len(chunks), len(plans), packed), np.float64)
-    n_workers = max(1, min(workers, len(chunks)))
+    n_workers = worker_count(workers, chunks)
     hists = shared_array((n_workers, len(plans), HIST_BINS), np.int64)
     # per-block facts: scalars per chunk, the flushed-fraction histogram per worker, and the
     # worst blocks of each chunk (merged in chunk order, like everything else)
