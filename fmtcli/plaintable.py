@@ -141,3 +141,130 @@ def plain_records_lines(table: Table, width: int, console) -> list | None:
             lines.append([Segment(pad(header, left), dim), Segment("  ", dim),
                           Segment(pad(cell_text(value), right), own)])
     return lines
+
+
+class HeadedRows:
+    """A table whose rows come in items under a name (a tensor, a role), drawn to fit the
+    console whole: no cell is cut, no line passes the width.
+
+    Each item is ``(name, note, rows)``: ``name`` (None for rows under no name), a dim
+    ``note`` beside it (a shape), and ``rows`` of ``(label, cells)``.  Three shapes, the
+    first that fits: names in a column of their own, whole, beside their first row; else
+    each name on a line of its own above its rows (broken only after a ``.``, continuation
+    indented); else one block per row, ``header  value`` per line."""
+
+    def __init__(self, title: str | None, label_header: str, headers: list[str], items: list,
+                 caption: str | None = None, name_header: str = "tensor") -> None:
+        self.title, self.caption = title, caption
+        self.label_header, self.name_header = label_header, name_header
+        self.headers = headers
+        self.items = items
+
+    def _widths(self) -> tuple[int, list[int]]:
+        rows = [row for _, _, rows in self.items for row in rows]
+        label = max([cell_len(self.label_header), *(cell_len(lb) for lb, _ in rows)])
+        cells = [max([cell_len(h), *(cell_len(r[1][j]) for r in rows)])
+                 for j, h in enumerate(self.headers)]
+        return label, cells
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        width = options.max_width
+        label, cells = self._widths()
+        stats = sum(w + 2 for w in cells)
+        names = [(cell_len(n) + (cell_len(note) + 2 if note else 0)) if n else 0
+                 for n, note, _ in self.items]
+        name_col = max([cell_len(self.name_header), *names]) if any(names) else -2
+        if self.title:
+            yield Text(self.title, style="bold")
+        if 1 + name_col + 2 + label + stats <= width:
+            lines = self._beside(name_col, label, cells)
+        elif 3 + label + stats <= width:
+            lines = self._above(width, label, cells)
+        else:
+            lines = self._records(width)
+        dim = console.get_style("dim")
+        header = console.get_style("table.header", default="")
+        for text, style in lines:
+            yield Segment(text.rstrip(), {"dim": dim, "header": header}.get(style))
+            yield Segment.line()
+        if self.caption:
+            yield Text(self.caption, style="dim")
+
+    def _stat_cells(self, cells: list[str], widths: list[int]) -> str:
+        return "".join("  " + pad(c, w, right=True) for c, w in zip(cells, widths))
+
+    def _beside(self, name_col: int, label: int, widths: list[int]) -> list:
+        head = pad(self.name_header, name_col) + "  " if name_col >= 0 else ""
+        out = [("", None), (" " + head + pad(self.label_header, label)
+                            + "".join("  " + pad(h, w, right=True)
+                                      for h, w in zip(self.headers, widths)), "header")]
+        out.append((" " + "\u2500" * (name_col + 2 + label + sum(w + 2 for w in widths)), None))
+        for name, note, rows in self.items:
+            for i, (lb, cells) in enumerate(rows):
+                shown = (name + (f"  {note}" if note else "")) if i == 0 and name else ""
+                out.append((" " + (pad(shown, name_col) + "  " if name_col >= 0 else "")
+                            + pad(lb, label) + self._stat_cells(cells, widths), None))
+        return out + [("", None)]
+
+    def _above(self, width: int, label: int, widths: list[int]) -> list:
+        named = any(name for name, _, _ in self.items)
+        head = f"{self.name_header} / {self.label_header}" if named else self.label_header
+        first = label + (2 if named else 0)
+        columns = "".join("  " + pad(h, w, right=True) for h, w in zip(self.headers, widths))
+        if cell_len(head) <= first or 1 + cell_len(head) + cell_len(columns) <= width:
+            first = max(first, cell_len(head))
+            out = [("", None), (" " + pad(head, first) + columns, "header")]
+        else:  # the header is wider than the labels' column: a line of its own above
+            out = [("", None), (" " + head, "header"), (" " + " " * first + columns, "header")]
+        out.append((" " + "\u2500" * (first + sum(w + 2 for w in widths)), None))
+        for name, note, rows in self.items:
+            if name:
+                out += [(" " + line, None) for line in dotted_lines(name, width - 1)]
+                if note and cell_len(out[-1][0]) + 2 + cell_len(note) <= width:
+                    out[-1] = (out[-1][0] + "  " + note, None)
+                elif note:
+                    out.append(("     " + note, None))
+            for lb, cells in rows:
+                out.append((" " + pad(("  " if name else "") + lb, first)
+                            + self._stat_cells(cells, widths), None))
+        return out + [("", None)]
+
+    def _records(self, width: int) -> list:
+        out: list = []
+        left = max(cell_len(h) for h in self.headers)
+        for name, note, rows in self.items:
+            if name:
+                out.append(("", None))
+                out += [(line, None) for line in dotted_lines(name, width)]
+                if note:
+                    out.append((note, "dim"))
+            for lb, cells in rows:
+                if not name:
+                    out.append(("", None))
+                out.append((("  " if name else "") + lb, None))
+                out += [(("  " if name else "") + "  " + pad(h, left) + "  " + c, None)
+                        for h, c in zip(self.headers, cells)]
+        return out + [("", None)]
+
+
+def dotted_lines(name: str, width: int, indent: int = 4) -> list[str]:
+    """``name`` in lines of at most ``width`` cells, broken only after a ``.`` (or a space),
+    continuation lines indented by ``indent``; a part with nothing to break at that is
+    wider than a line is folded (the one case that breaks a word)."""
+    width = max(width, indent + 8)
+    parts = [p for p in name.replace(".", ".\n").replace(" ", " \n").split("\n") if p]
+    lines: list[str] = []
+    for part in parts:
+        room = width - (indent if lines else 0)
+        if lines and cell_len(lines[-1]) + cell_len(part) <= (width if len(lines) == 1
+                                                               else width - indent):
+            lines[-1] += part
+            continue
+        while cell_len(part) > room:
+            lines.append(part[:room])
+            part = part[room:]
+            room = width - indent
+        lines.append(part)
+    return [line if i == 0 else " " * indent + line for i, line in enumerate(lines)]

@@ -22,7 +22,13 @@ from rich.text import Text
 from .choices import Granularity
 from .errors import one_line
 from .fates import Fate
-from .plaintable import is_plain, plain_records_lines, plain_table_lines, segments
+from .plaintable import (
+    HeadedRows,
+    is_plain,
+    plain_records_lines,
+    plain_table_lines,
+    segments,
+)
 
 if TYPE_CHECKING:  # the result types: loaded by the command that made the result
     from .conformance import ConformanceResult
@@ -389,64 +395,207 @@ _ROW_STATS = [  # the per-tensor table's columns: header, cell
 ]
 
 
-def render_quantize(result: QuantizeResult) -> Fit:
+#: Above this many quantized tensors the default report is a summary (roles, the worst
+#: tensors, the total) rather than a row per tensor (``--per-tensor``).
+SUMMARY_ABOVE = 8
+
+SPARK = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # eight heights, lowest first
+
+
+def sparkline(histogram: dict[int, int], width: int = 32) -> str:
+    """A histogram over consecutive integers (scale exponents) as one line of bars, one
+    character per exponent from the lowest to the highest (several per character past
+    ``width``); ``.`` where none fall."""
+    if not histogram:
+        return ""
+    low, high = min(histogram), max(histogram)
+    per = -(-(high - low + 1) // width)
+    counts = [sum(histogram.get(e, 0) for e in range(start, start + per))
+              for start in range(low, high + 1, per)]
+    peak = max(counts)
+    return "".join(SPARK[max(0, math.ceil(len(SPARK) * n / peak) - 1)] if n else "."
+                   for n in counts)
+
+
+def _exponents_text(histogram: dict[int, int] | None, width: int = 32) -> str:
+    """'11..16 ▃█▅▁' (floor(log2) of the scales, their sparkline), '7' for one exponent,
+    '-' where unknown."""
+    if not histogram:
+        return "-"
+    low, high = min(histogram), max(histogram)
+    if low == high:
+        return f"{low}"
+    return f"{low}..{high} {sparkline(histogram, width)}"
+
+
+def _blocks_cell(s: SchemeStats, which: str) -> str:
+    """'12 of 640 (1.88%)': blocks that flush / saturate at least one value; '-' where the
+    scheme has no blocks (per-tensor, per-column) or they were not counted (CUDA)."""
+    b = s.blocks
+    if b is None:
+        return "-"
+    n, fraction = (b.flushing, b.flushing_fraction) if which == "flushing" else \
+        (b.saturating, b.saturating_fraction)
+    return f"{n:,} of {b.count:,}" + (f" ({percent_text(fraction)})" if n else "")
+
+
+_BLOCK_ROWS = [
+    ("blocks that flush", lambda s: _blocks_cell(s, "flushing")),
+    ("blocks that saturate", lambda s: _blocks_cell(s, "saturating")),
+    ("log2(scale)", lambda s: _exponents_text(s.scale_log2_histogram)),
+]
+
+
+_BLOCK_HEADERS = ["blocks", "flush", "saturate", "worst", "log2(scale)"]
+BLOCKS_CAPTION = ("flush / saturate: blocks with at least one value flushed to zero / "
+                  "clipped to max; worst: the largest fraction of a block flushed; "
+                  "log2(scale): the scales' exponents, fewest to most blocks (\u2581 .. "
+                  "\u2588); --json has their histogram and quantiles")
+
+
+def _block_cells(s: SchemeStats) -> list[str]:
+    b = s.blocks
+    worst = dict(b.flushed_fraction_quantiles)["max"]
+    return [f"{b.count:,}", percent_text(b.flushing_fraction),
+            percent_text(b.saturating_fraction), percent_text(worst),
+            _exponents_text(s.scale_log2_histogram, 16)]
+
+
+def blocks_table(title: str, name_header: str, entries: list) -> HeadedRows | None:
+    """The per-block facts of ``entries`` -- (name or None, label, SchemeStats) -- one line
+    each, for those whose scheme has blocks (block, tile, row scaling); None if none has."""
+    items = [(name, None, [(label, _block_cells(s))]) for name, label, s in entries
+             if s.blocks is not None and s.blocks.count]
+    if not items:
+        return None
+    return HeadedRows(title, "tensors" if name_header == "role" else "scheme", _BLOCK_HEADERS,
+                      items, caption=BLOCKS_CAPTION, name_header=name_header)
+
+
+def _tensor_name(t: TensorResult) -> str:
+    return user_text(t.tensor.key or t.tensor.source)
+
+
+def _stat_cells(s: SchemeStats) -> list[str]:
+    return [cell(s) for _, cell in _ROW_STATS]
+
+
+_SHORT_HEADERS = ["flushed", "median", "p99", "SQNR", "max err", "saturated"]
+_SHORT_CAPTION = "median, p99: relative error; max err: max abs error"
+
+
+def render_quantize(result: QuantizeResult, per_tensor: bool = False, top: int = 10,
+                    sort: str = "flushed"):
     """One tensor: statistics down, schemes across (one block per scheme where that does not
-    fit).  Several: a row per tensor and scheme; on a narrow console each tensor's name on
-    a line of its own (wrapped after its dots) above its schemes' rows."""
-    first = next((t.schemes[0] for t in result.quantized if t.schemes), None)
+    fit).  A handful (or ``per_tensor``): a row per tensor and scheme.  More than
+    ``SUMMARY_ABOVE`` tensors: the summary -- a row per role (the chosen scheme), the
+    ``top`` worst tensors by ``sort`` (``quantize.ranking``) and the total of every scheme.
+    Then the per-block facts of the total, and the worst blocks where they were asked for."""
+    quantized = result.quantized
+    first = next((t.schemes[0] for t in quantized if t.schemes), None)
     caption = "x_q = cast(x * scale) / scale; relative errors over nonzero inputs"
     if first is not None:  # skipped tensors (int64 position_ids) may come first
         caption += f"; quantiles to within +{first.rel_error_resolution:.2%}"
-    if len(result.quantized) == 1 and result.total is None:
-        return _render_one_tensor(result.quantized[0], caption)
-    rows = [(Text(user_text(t.tensor.key or t.tensor.source)), _shape_text(t.tensor.shape),
-             t.schemes) for t in result.quantized]
+    if len(quantized) == 1 and result.total is None:
+        parts = [_render_one_tensor(quantized[0], caption)]
+    elif per_tensor or len(quantized) <= SUMMARY_ABOVE:
+        parts = [_per_tensor_rows(result, caption + "; " + _SHORT_CAPTION)]
+        entries = [(_tensor_name(t), s.scheme.label, s) for t in quantized for s in t.schemes]
+        entries += [("total", s.scheme.label, s) for s in result.total or ()]
+        parts.append(blocks_table("Blocks per tensor", "tensor", entries))
+    else:
+        parts = _summary(result, top, sort, caption + "; " + _SHORT_CAPTION)
+    if result.worst_blocks:
+        parts.append(_worst_blocks(result))
+    parts = [p for p in parts if p is not None]
+    return Group(*parts) if len(parts) > 1 else parts[0]
+
+
+def _per_tensor_rows(result: QuantizeResult, caption: str) -> HeadedRows:
+    items = [(_tensor_name(t), f"({_shape_text(t.tensor.shape)})",
+              [(s.scheme.label, _stat_cells(s)) for s in t.schemes]) for t in result.quantized]
     if result.total:
-        rows.append((Text(f"total of {result.total[0].count:,} values", style="bold"), "",
-                     result.total))
-    title = "Quantization error per tensor"
-    wide = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
-                 box=box.SIMPLE_HEAD)
-    wide.add_column("tensor")
-    wide.add_column("shape")
-    wide.add_column("scheme")
-    narrow = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                   padding=(0, 0, 0, 1), caption_justify="left",
-                   caption=caption + "; median, p99: relative error; max err: max abs error")
-    narrow.add_column("tensor / scheme")
-    for header, _ in _ROW_STATS:
-        wide.add_column(header, justify="right", no_wrap=True)
-        narrow.add_column(header.replace(" rel", "").replace(" abs err", " err"),
-                          justify="right", no_wrap=True)
-    blank = [""] * len(_ROW_STATS)
-    for name, shape, stats in rows:
-        for i, s in enumerate(stats):
-            cells = [cell(s) for _, cell in _ROW_STATS]
-            wide.add_row(DottedName(name.plain, str(name.style)) if i == 0 else "",
-                         shape if i == 0 else "", s.scheme.label, *cells,
-                         end_section=i == len(stats) - 1)
-        narrow.add_row(Group(DottedName(name.plain, str(name.style)),
-                             *([Text(f"({shape})", style="dim")] if shape else [])), *blank)
-        for s in stats:
-            narrow.add_row(Text("  " + s.scheme.label), *[cell(s) for _, cell in _ROW_STATS])
-    return Fit(wide, narrow)
+        items.append((f"total of {result.total[0].count:,} values", None,
+                      [(s.scheme.label, _stat_cells(s)) for s in result.total]))
+    return HeadedRows("Quantization error per tensor", "scheme", _SHORT_HEADERS, items,
+                      caption=caption)
+
+
+def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
+    from .quantize.ranking import worst_tensors
+
+    quantized = result.quantized
+    main = result.schemes[-1].label  # the chosen scheme (a comparison puts it last)
+    n = len(quantized)
+    roles = HeadedRows(
+        f"By role: {n:,} tensors in {len(result.groups):,} roles, under {main}",
+        "tensors", _SHORT_HEADERS,
+        [(user_text(g.pattern), None, [(f"x{g.count:,}", _stat_cells(g.schemes[-1]))])
+         for g in result.groups], name_header="role")
+    worst = worst_tensors(quantized, sort=sort, top=top)
+    parts = [roles]
+    if worst:
+        parts.append(HeadedRows(
+            f"Worst {len(worst):,} of {n:,} tensors by {sort}, under {main}", "shape",
+            _SHORT_HEADERS, [(_tensor_name(t), None, [(_shape_text(t.tensor.shape),
+                                                       _stat_cells(t.schemes[-1]))])
+                             for t in worst]))
+    total = result.total or ()
+    parts.append(HeadedRows(
+        f"Total of {total[0].count:,} values in {n:,} tensors" if total else "Total",
+        "scheme", _SHORT_HEADERS, [(None, None, [(s.scheme.label, _stat_cells(s))
+                                                 for s in total])],
+        caption=caption + "; --per-tensor shows every tensor"))
+    parts.append(blocks_table(
+        f"Blocks by role, under {main}", "role",
+        [(user_text(g.pattern), f"x{g.count:,}", g.schemes[-1]) for g in result.groups]
+        + [("total", "", s) for s in total]))
+    return parts
+
+
+def _worst_blocks(result: QuantizeResult) -> Group:
+    """The worst blocks of each scheme: the tensor, the block (row, column of the block
+    grid), its amax and scale, values flushed of the block's, and the largest relative
+    error in it."""
+    short = {t.tensor.name: t.tensor.key or t.tensor.source for t in result.quantized}
+    by_scheme: dict[str, list] = {}
+    for b in result.worst_blocks:
+        by_scheme.setdefault(b.scheme, []).append(b)
+    parts = []
+    for label, blocks in by_scheme.items():
+        items: list = []
+        for b in blocks:
+            row = (f"({b.row:,}, {b.column:,})",
+                   [value_text(b.amax, 4), value_text(b.scale, 4), f"{b.flushed:,}/{b.size:,}",
+                    percent_text(b.max_rel_error)])
+            name = user_text(short.get(b.tensor, b.tensor))
+            if items and items[-1][0] == name:
+                items[-1][2].append(row)
+            else:
+                items.append((name, None, [row]))
+        parts.append(HeadedRows(f"Worst {len(blocks):,} blocks under {label}", "block",
+                                ["amax", "scale", "flushed", "max rel err"], items,
+                                caption="block: (row, column) in the grid of blocks of the "
+                                        "tensor's (rows x last axis) matrix"))
+    return Group(*parts)
 
 
 def _render_one_tensor(tensor: TensorResult, caption: str) -> Fit:
+    rows = _STAT_ROWS + (_BLOCK_ROWS if any(s.blocks for s in tensor.schemes) else [])
     across = Table(title=_tensor_title(tensor.tensor), title_justify="left", caption=caption,
                    caption_justify="left", box=box.SIMPLE_HEAD)
     across.add_column("")
     for stats in tensor.schemes:
         across.add_column(stats.scheme.label, justify="right")
-    for label, cell in _STAT_ROWS:
+    for label, cell in rows:
         across.add_row(label, *[cell(s) for s in tensor.schemes])
     down = Table(title=_tensor_title(tensor.tensor), title_justify="left", caption=caption,
                  caption_justify="left", box=box.SIMPLE_HEAD)  # one block per scheme
     down.add_column("scheme")
-    for label, _ in _STAT_ROWS:
+    for label, _ in rows:
         down.add_column(label)
     for stats in tensor.schemes:
-        down.add_row(stats.scheme.label, *[cell(stats) for _, cell in _STAT_ROWS])
+        down.add_row(stats.scheme.label, *[cell(stats) for _, cell in rows])
     return Fit(across, fallback=down)
 
 

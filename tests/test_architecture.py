@@ -17,7 +17,7 @@ LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md li
                      "backends"], 1),
     **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),
     **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance"], 3),
-    **dict.fromkeys(["render", "plaintable", "jsonsafe"], 4),
+    **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout"], 4),
     **dict.fromkeys(["cli", "__main__"], 5),
 }
 

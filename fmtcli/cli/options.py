@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 from .output import note
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+CsvOption = Annotated[bool, typer.Option(
+    "--csv", help="Print CSV on stdout: a header, then one row per tensor and scheme (the "
+    "JSON key names; nan/inf as such).  Not with --json.")]
 RoundingOption = Annotated[RoundingMode, typer.Option(
     "--rounding", "-r", case_sensitive=False, help="Rounding mode.")]
 OverflowOption = Annotated[OverflowPolicy, typer.Option(
@@ -128,6 +131,16 @@ def note_skipped(sources) -> None:
 
 
 MAX_SKIP_NOTES = 20
+
+
+class SortBy(str, Enum):
+    """The choices of quantize's --sort: what makes a tensor one of the worst."""
+
+    FLUSHED = "flushed"
+    P99 = "p99"
+    SQNR = "sqnr"
+    MEDIAN = "median"
+    SATURATED = "saturated"
 
 
 class Compare(str, Enum):

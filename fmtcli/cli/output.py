@@ -37,7 +37,8 @@ FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
          "out": "--out", "force": "--force", "key": "--key", "backend": "--backend",
          "device": "--device", "product": "--product", "rounding": "--rounding",
          "overflow": "--overflow", "format": "--format", "workers": "--workers",
-         "chunk": "--chunk", "metric": "--metric"}
+         "chunk": "--chunk", "metric": "--metric", "top": "--top", "sort": "--sort",
+         "worst_blocks": "--worst-blocks"}
 KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 
@@ -77,7 +78,8 @@ def warning_as_note(message, category, filename, lineno, file=None, line=None) -
 
 
 ASCII_LOOKALIKES = str.maketrans({"≈": "~", "█": "#", "→": "->", "…": "...",
-                                  "−": "-", "·": "."})
+                                  "−": "-", "·": ".", "▁": "_", "▂": "_", "▃": "-",
+                                  "▄": "-", "▅": "=", "▆": "=", "▇": "#"})
 
 
 class SafeStream:
@@ -169,29 +171,60 @@ def emit(result, json_out: bool, **view) -> None:
             stdout_console().print(render(result, **view))
 
 
+def emit_csv(result) -> None:
+    """A result as CSV on stdout (``csvout.to_csv``: a header row, one row per tensor and
+    scheme), written as is: no rich console, no terminal width."""
+    from ..csvout import to_csv
+
+    with writing_results():
+        SafeStream(sys.stdout).write(to_csv(result))
+
+
 class StderrProgress:
-    """A rich progress bar on stderr, shown only on a terminal and once work passes ~1 s."""
+    """A rich progress bar on stderr, shown only on a terminal and once work passes ~1 s:
+    the bytes done of the whole input (as stored) and the tensor being read.
+
+    ``progress(done, total)`` is the engine's byte count; ``tensor(name)`` names the tensor
+    it starts (shown whole when it fits, else its tail: the part that tells layers apart)."""
+
+    NAME_CELLS = 40
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.start = time.monotonic()
         self.bar = None
         self.task = None
+        self.name = ""
         self.enabled = sys.stderr.isatty()  # rich itself is imported only when needed
+
+    def tensor(self, name: str) -> None:
+        """The engine starts the tensor ``name``."""
+        text = one_line(name, 240)
+        if len(text) > self.NAME_CELLS:
+            text = "..." + text[-(self.NAME_CELLS - 3):]
+        self.name = text
+        if self.bar is not None:
+            self.bar.update(self.task, name=self.name)
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:
             if not self.enabled or time.monotonic() - self.start < 1.0:
                 return
-            from rich.progress import BarColumn, Progress, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             self.bar = Progress("[progress.description]{task.description}", BarColumn(),
-                                "[progress.percentage]{task.percentage:>3.0f}%",
-                                TimeRemainingColumn(), console=stderr_console(),
-                                transient=True)
+                                DownloadColumn(), TimeRemainingColumn(),
+                                TextColumn("{task.fields[name]}", markup=False),
+                                console=stderr_console(), transient=True)
             self.bar.start()
-            self.task = self.bar.add_task(self.label, total=total)
-        self.bar.update(self.task, completed=done, total=total)
+            self.task = self.bar.add_task(self.label, total=total, name=self.name)
+        self.bar.update(self.task, completed=done, total=total, name=self.name)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -24,6 +24,7 @@ from .options import (
     BackendOption,
     BlockOption,
     Compare,
+    CsvOption,
     DeviceOption,
     JsonOption,
     KeyOption,
@@ -32,6 +33,7 @@ from .options import (
     ProductOption,
     RoundingOption,
     SeedOption,
+    SortBy,
     TileOption,
     WorkersOption,
     check_not_empty,
@@ -40,7 +42,9 @@ from .options import (
     resolve_one_format,
     rule_with_value,
 )
-from .output import StderrProgress, emit, note
+from .output import StderrProgress, emit, emit_csv, note
+
+SUMMARY_ABOVE = 8  # render.SUMMARY_ABOVE (not imported: rich loads only when a table prints)
 
 
 @app.command("quantize", cls=UsageWithEllipsis,
@@ -96,6 +100,25 @@ def quantize_command(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,
     workers: WorkersOption = None,
+    per_tensor: Annotated[bool, typer.Option(
+        "--per-tensor", help="A row per tensor and scheme, however many tensors (the default "
+        f"above {SUMMARY_ABOVE} tensors is a summary: by role, the worst tensors, the "
+        "total).")] = False,
+    top: Annotated[int, typer.Option(
+        "--top", min=0, metavar="N", help="How many of the worst tensors the summary "
+        "lists (0: none).")] = 10,
+    sort: Annotated[SortBy, typer.Option(
+        "--sort", case_sensitive=False, help="What makes a tensor one of the worst (under "
+        "the chosen scheme).  flushed (the default): the fraction of values flushed to "
+        "zero, each lost whole, which SQNR (dominated by the largest values) hides and the "
+        "p99 misses below 1% of a tensor; ties go to the larger p99, then the lower SQNR.  "
+        "p99, median: relative error, largest first; sqnr: lowest first; saturated: "
+        "largest fraction first.")] = SortBy.FLUSHED,
+    worst_blocks: Annotated[int, typer.Option(
+        "--worst-blocks", min=0, metavar="K", help="List each block scheme's K worst blocks "
+        "(most values flushed, then largest relative error): tensor, block, amax, scale.")
+    ] = 0,
+    csv_out: CsvOption = False,
     json_out: JsonOption = False,
 ) -> None:
     """How much does a tensor lose? Scaled quantization, per tensor vs per block or tile.
@@ -110,6 +133,8 @@ def quantize_command(
     from ..schemes import build_scheme, comparison_schemes
     from ..tensors import example_tensor, load_inputs
 
+    if csv_out and json_out:
+        raise UsageError("--csv and --json are alternatives: give one")
     check_not_empty(format=format_name, recipe=recipe, key=keys, tile=tile, out=out)
     scale_rule, fixed = rule_with_value(scale_rule, percentile, fixed_scale)
     if fixed is not None and block is None and tile is None and per is None:
@@ -137,8 +162,12 @@ def quantize_command(
     progress = StderrProgress("quantizing")
     try:
         result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
-                          progress=progress, out=out, backend=backend, device=device,
-                          product=product)
+                          progress=progress, on_tensor=progress.tensor, out=out,
+                          backend=backend, device=device, product=product,
+                          worst_blocks=worst_blocks)
     finally:
         progress.close()
-    emit(result, json_out)
+    if csv_out:
+        emit_csv(result)
+    else:
+        emit(result, json_out, per_tensor=per_tensor, top=top, sort=sort.value)
