@@ -178,8 +178,11 @@ class HeadedRows:
         name_col = max([cell_len(self.name_header), *names]) if any(names) else -2
         if self.title:
             yield Text(self.title, style="bold")
+        single = all(name and len(rows) == 1 for name, _, rows in self.items)
         if 1 + name_col + 2 + label + stats <= width:
             lines = self._beside(name_col, label, cells)
+        elif single and 1 + 24 + 2 + label + stats <= width:
+            lines = self._split(width - 3 - label - stats, label, cells)
         elif 3 + label + stats <= width:
             lines = self._above(width, label, cells)
         else:
@@ -206,6 +209,36 @@ class HeadedRows:
                 shown = (name + (f"  {note}" if note else "")) if i == 0 and name else ""
                 out.append((" " + (pad(shown, name_col) + "  " if name_col >= 0 else "")
                             + pad(lb, label) + self._stat_cells(cells, widths), None))
+        return out + [("", None)]
+
+    def _split(self, room: int, label: int, widths: list[int]) -> list:
+        """One row per item, its name in a column ``room`` wide: whole where every name fits;
+        else what comes before each name's first layer index (``encoder.layer.``) on a line
+        of its own, shared by the next items that begin the same, and the rest indented
+        below; names without an index whole where they fit, else their lines (broken after
+        dots) above the row."""
+        out = [("", None), (" " + pad(self.name_header, room) + "  "
+                            + pad(self.label_header, label)
+                            + "".join("  " + pad(h, w, right=True)
+                                      for h, w in zip(self.headers, widths)), "header")]
+        out.append((" " + "\u2500" * (room + 2 + label + sum(w + 2 for w in widths)), None))
+        prefix = None
+        split = any(cell_len(name) > room for name, _, _ in self.items)  # then all alike
+        for name, _, ((lb, cells),) in self.items:
+            row = "  " + pad(lb, label) + self._stat_cells(cells, widths)
+            head, rest = split_at_index(name)
+            if cell_len(name) <= room and not (split and head and cell_len(rest) + 2 <= room):
+                prefix = None
+                out.append((" " + pad(name, room) + row, None))
+            elif head and cell_len(rest) + 2 <= room:
+                if head != prefix:
+                    out.append((" " + head, None))
+                prefix = head
+                out.append((" " + pad("  " + rest, room) + row, None))
+            else:
+                prefix = None
+                out += [(" " + line, None) for line in dotted_lines(name, room + 2 + label)]
+                out.append((" " + " " * room + row, None))
         return out + [("", None)]
 
     def _above(self, width: int, label: int, widths: list[int]) -> list:
@@ -247,6 +280,17 @@ class HeadedRows:
                 out += [(("  " if name else "") + "  " + pad(h, left) + "  " + c, None)
                         for h, c in zip(self.headers, cells)]
         return out + [("", None)]
+
+
+def split_at_index(name: str) -> tuple[str, str]:
+    """``name`` cut before its first dotted part that is a layer index (digits, or ``*``
+    in a role): ``('encoder.layer.', '3.attention.self.query.weight')``; ``('', name)``
+    where it has none."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part == "*" or part.isdigit():
+            return ".".join(parts[:i]) + ".", ".".join(parts[i:])
+    return "", name
 
 
 def dotted_lines(name: str, width: int, indent: int = 4) -> list[str]:

@@ -446,8 +446,8 @@ _BLOCK_ROWS = [
 ]
 
 
-_BLOCK_HEADERS = ["blocks", "flush", "saturate", "worst", "log2(scale)"]
-BLOCKS_CAPTION = ("flush / saturate: blocks with at least one value flushed to zero / "
+_BLOCK_HEADERS = ["blocks", "flush", "satur.", "worst", "log2(scale)"]
+BLOCKS_CAPTION = ("flush / satur.: blocks with at least one value flushed to zero / "
                   "clipped to max; worst: the largest fraction of a block flushed; "
                   "log2(scale): the scales' exponents, fewest to most blocks (\u2581 .. "
                   "\u2588); --json has their histogram and quantiles")
@@ -468,7 +468,7 @@ def blocks_table(title: str, name_header: str, entries: list) -> HeadedRows | No
              if s.blocks is not None and s.blocks.count]
     if not items:
         return None
-    return HeadedRows(title, "tensors" if name_header == "role" else "scheme", _BLOCK_HEADERS,
+    return HeadedRows(title, "n" if name_header == "role" else "scheme", _BLOCK_HEADERS,
                       items, caption=BLOCKS_CAPTION, name_header=name_header)
 
 
@@ -481,6 +481,10 @@ def _stat_cells(s: SchemeStats) -> list[str]:
 
 
 _SHORT_HEADERS = ["flushed", "median", "p99", "SQNR", "max err", "saturated"]
+# The summary's roles and worst tensors: the figures that tell tensors apart (the median is
+# about the format's half-ulp everywhere; max abs error scales with each tensor's values).
+_SUMMARY_ROW = [_ROW_STATS[0], _ROW_STATS[2], _ROW_STATS[3], _ROW_STATS[5]]
+_SUMMARY_HEADERS = ["flushed", "p99", "SQNR", "satur."]
 _SHORT_CAPTION = "median, p99: relative error; max err: max abs error"
 
 
@@ -527,29 +531,43 @@ def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
     quantized = result.quantized
     main = result.schemes[-1].label  # the chosen scheme (a comparison puts it last)
     n = len(quantized)
+    def cells(s: SchemeStats) -> list[str]:
+        return [cell(s) for _, cell in _SUMMARY_ROW]
+
     roles = HeadedRows(
-        f"By role: {n:,} tensors in {len(result.groups):,} roles, under {main}",
-        "tensors", _SHORT_HEADERS,
-        [(user_text(g.pattern), None, [(f"x{g.count:,}", _stat_cells(g.schemes[-1]))])
-         for g in result.groups], name_header="role")
+        f"By role: {n:,} tensors in {len(result.groups):,} roles, under {main}", "n",
+        _SUMMARY_HEADERS, [(user_text(g.pattern), None, [(f"x{g.count:,}",
+                                                          cells(g.schemes[-1]))])
+                           for g in result.groups], name_header="role")
     worst = worst_tensors(quantized, sort=sort, top=top)
     parts = [roles]
     if worst:
         parts.append(HeadedRows(
             f"Worst {len(worst):,} of {n:,} tensors by {sort}, under {main}", "shape",
-            _SHORT_HEADERS, [(_tensor_name(t), None, [(_shape_text(t.tensor.shape),
-                                                       _stat_cells(t.schemes[-1]))])
-                             for t in worst]))
+            _SUMMARY_HEADERS, [(_tensor_name(t), None, [(_shape_text(t.tensor.shape),
+                                                         cells(t.schemes[-1]))])
+                               for t in worst]))
     total = result.total or ()
     parts.append(HeadedRows(
         f"Total of {total[0].count:,} values in {n:,} tensors" if total else "Total",
         "scheme", _SHORT_HEADERS, [(None, None, [(s.scheme.label, _stat_cells(s))
                                                  for s in total])],
         caption=caption + "; --per-tensor shows every tensor"))
-    parts.append(blocks_table(
-        f"Blocks by role, under {main}", "role",
-        [(user_text(g.pattern), f"x{g.count:,}", g.schemes[-1]) for g in result.groups]
-        + [("total", "", s) for s in total]))
+    hurt = [g for g in result.groups if g.schemes[-1].blocks is not None
+            and (g.schemes[-1].blocks.flushing or g.schemes[-1].blocks.saturating)]
+    with_blocks = sum(g.schemes[-1].blocks is not None for g in result.groups)
+    table = blocks_table(
+        f"Blocks by role, under {main}: the roles whose blocks flush or saturate", "role",
+        [(user_text(g.pattern), f"x{g.count:,}", g.schemes[-1]) for g in hurt]
+        + [(None, f"total, {s.scheme.label}", s) for s in total])
+    if table is not None:
+        rest = with_blocks - len(hurt)
+        table.caption = (f"{rest:,} other role{'' if rest == 1 else 's'} with blocks: none "
+                         "flushes or saturates; " if rest else "") + BLOCKS_CAPTION
+    elif with_blocks:
+        table = Text(f"Blocks under {main}: none flushes or saturates in the "
+                     f"{with_blocks:,} roles with blocks")
+    parts.append(table)
     return parts
 
 
