@@ -1,0 +1,147 @@
+"""Every command's default output at 80 and 120 columns: nothing cut with "…", no line wider
+than the terminal, and the figures of the JSON document present in the table (a cell that
+rich cropped silently, "6" for 6.757e-05, would miss its figure)."""
+
+from __future__ import annotations
+
+import pytest
+from cli_helpers import json_of, succeeds
+from report_files import bert_like
+
+from fmtcli.render import input_text, value_text
+
+WIDTHS = [80, 120]
+ELLIPSIS = "\u2026"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    directory = tmp_path_factory.mktemp("widths")
+    bert = bert_like(directory)
+    rng = np.random.default_rng(5)
+    small = {"embeddings.word_embeddings.weight": rng.standard_normal((300, 64)) * 0.05,
+             "encoder.layer.0.attention.output.LayerNorm.weight": rng.standard_normal(64),
+             "encoder.layer.0.attention.self.query.weight": rng.standard_normal((64, 64))}
+    save_file({k: v.astype(np.float32) for k, v in small.items()},
+              str(directory / "small.safetensors"))
+    np.save(directory / "one.npy", (rng.standard_normal((32, 256)) * 1e-3).astype(np.float32))
+    np.save(directory / "steps.npy", (rng.standard_normal((6, 512)) * 4).astype(np.float32))
+    return {"bert": bert, "small": directory / "small.safetensors",
+            "one": directory / "one.npy", "steps": directory / "steps.npy"}
+
+
+def table(width: int, *args) -> str:
+    """``fmt ARGS`` at ``width`` columns: it must succeed and fit the width uncut."""
+    out = succeeds(*args, env={"COLUMNS": str(width)}).stdout
+    assert ELLIPSIS not in out, out
+    too_wide = [line for line in out.splitlines() if len(line) > width]
+    assert not too_wide, too_wide
+    return out
+
+
+def assert_shown(out: str, *texts: str) -> None:
+    missing = [t for t in texts if t not in out]
+    assert not missing, (missing, out)
+
+
+def sqnr(s: dict) -> str:
+    return f"{s['sqnr_db']:.1f} dB"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("args", [[], ["--all"]], ids=["default", "all"])
+def test_range(width, args):
+    out = table(width, "range", *args)
+    specs = json_of("range", *args)
+    assert_shown(out, *[s["name"] for s in specs])
+    assert_shown(out, *[f"{int(s['max']):,}" for s in specs if s["max"] < 1e7])
+
+
+UNDERFLOW = [
+    ["1e-5", "3e-7", "0.1"],
+    ["1e-5", "3e-7", "0.1", "--format", "fp16", "--format", "bf16", "--format", "e4m3",
+     "--format", "e5m2", "--format", "e2m1"],
+    ["1e-5", "3e-7", "--scale", "64", "--scale", "2^-10"],
+    ["6.757e-05", "--format", "e4m3", "--format", "e5m2", "--scale", "2^12"],
+]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("args", UNDERFLOW, ids=["values", "formats", "scales", "one"])
+def test_underflow(width, args):
+    out = table(width, "underflow", *args)
+    rows = json_of("underflow", *args)
+    assert_shown(out, *{r["format"] for r in rows})
+    assert_shown(out, *{value_text(r["stored"]) for r in rows})
+    assert_shown(out, *{input_text(r["value"]) for r in rows})
+    assert_shown(out, *{value_text(r["recovered"]) for r in rows if "recovered" in r})
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("which", ["example", "one", "one-all", "small", "small-all"])
+def test_quantize_small_inputs(width, which, files):
+    args = {"example": [], "one": [files["one"]], "one-all": [files["one"], "--compare", "all"],
+            "small": [files["small"]], "small-all": [files["small"], "--compare", "all"]}[which]
+    out = table(width, "quantize", *args)
+    doc = json_of("quantize", *args)
+    schemes = doc["total"] or doc["tensors"][0]["schemes"]
+    assert_shown(out, *[sqnr(s) for s in schemes], *[s["label"] for s in schemes])
+    if doc["total"]:  # a row per tensor: every name whole, every figure
+        assert_shown(out, *[t["key"] for t in doc["tensors"]])
+        assert_shown(out, *[sqnr(s) for t in doc["tensors"] for s in t["schemes"]])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_quantize_summary_of_a_checkpoint(width, files):
+    out = table(width, "quantize", files["bert"])
+    doc = json_of("quantize", files["bert"])
+    assert_shown(out, *[sqnr(s) for s in doc["total"]])
+    for group in doc["groups"]:  # the role, whole or cut before its layer index
+        head, _, rest = group["pattern"].partition(".*.")
+        assert (group["pattern"] in out) or (f"{head}." in out and f"*.{rest}" in out), group
+        assert f"x{group['count']}" in out
+    assert_shown(out, *{sqnr(g["schemes"][-1]) for g in doc["groups"]})
+    assert len(out.splitlines()) <= 62  # one screen, for 86 tensors
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_quantize_per_tensor_and_worst_blocks(width, files):
+    out = table(width, "quantize", files["bert"], "--per-tensor", "--worst-blocks", "3")
+    doc = json_of("quantize", files["bert"], "--worst-blocks", "3")
+    assert_shown(out, *[sqnr(s) for t in doc["tensors"] if "schemes" in t
+                        for s in t["schemes"]])
+    if width == 120:  # names whole on their own line (80: broken after a dot)
+        assert_shown(out, *[t["key"] for t in doc["tensors"] if "schemes" in t])
+    assert_shown(out, *[value_text(b["amax"], 4) for b in doc["worst_blocks"]])
+
+
+SCALE_SEARCH = [[], ["small"], ["steps", "--over-first-axis"], ["one", "--block", "32"]]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("args", SCALE_SEARCH, ids=["example", "checkpoint", "delayed",
+                                                     "blocks"])
+def test_scale_search(width, args, files):
+    args = [files.get(a, a) for a in args]
+    out = table(width, "scale-search", *args)
+    doc = json_of("scale-search", *args)
+    assert_shown(out, *[c["name"] for c in doc["candidates"]])
+    assert_shown(out, *[sqnr(c) for c in doc["candidates"]])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("args", [[], ["--histogram"], ["--format", "e5m2"]])
+def test_loss_scale(width, args):
+    out = table(width, "loss-scale", *args)
+    doc = json_of("loss-scale", *[a for a in args if a != "--histogram"])
+    assert_shown(out, *[f"2^{s['log2_scale']}" for s in doc["scales"]])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_check_backends(width):
+    out = table(width, "check-backends")
+    reports = json_of("check-backends")
+    assert_shown(out, *{r["format"] for r in reports}, *{f"{r['inputs']:,}" for r in reports})
