@@ -192,8 +192,9 @@ class HeadedRows:
         for text, style in lines:
             yield Segment(text.rstrip(), {"dim": dim, "header": header}.get(style))
             yield Segment.line()
-        if self.caption:
+        if self.caption:  # then a blank line, as below a table without one
             yield Text(self.caption, style="dim")
+            yield Segment.line()
 
     def _stat_cells(self, cells: list[str], widths: list[int]) -> str:
         return "".join("  " + pad(c, w, right=True) for c, w in zip(cells, widths))
