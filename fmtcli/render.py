@@ -619,20 +619,22 @@ def _render_one_tensor(tensor: TensorResult, caption: str) -> Fit:
 
 # -- fmt scale-search ----------------------------------------------------------------------
 
-def _scale_cell(candidate: Candidate) -> str:
+def _scale_cell(candidate: Candidate, stacked: bool = False) -> str:
+    """The candidate's scale, or the range of its scales (``stacked``: on two lines)."""
     scales = candidate.stats.scales
     if scales.single is not None:
         return value_text(scales.single, 5)
     if scales.min is None:
         return "NaN"
-    return f"{value_text(scales.min, 3)} .. {value_text(scales.max, 3)}"
+    return f"{value_text(scales.min, 3)} ..{chr(10) if stacked else ' '}" \
+        f"{value_text(scales.max, 3)}"
 
 
 def render_scale_search(result: ScaleSearchResult) -> Fit | Text:
-    """One row per candidate rule; the best by the chosen metric marked.  Two layouts (the
+    """One row per candidate rule; the best by the chosen metric marked.  Three layouts (the
     first that fits the console): roomy with a "<- best" column, compact with the best
-    rule starred; else one record per rule.  With nothing to quantize (no candidates), the
-    title and the notes that say why."""
+    rule starred, compact with a range of scales on two lines; else one record per rule.
+    With nothing to quantize (no candidates), the title and the notes that say why."""
     title = (f"Scale rules for {result.scheme.format.name}, one scale per "
              f"{_granularity_text(result.scheme)}")
     if not result.candidates:
@@ -648,7 +650,7 @@ def render_scale_search(result: ScaleSearchResult) -> Fit | Text:
         if c.note:
             caption += f"\n{c.name}: {c.note}"
 
-    def layout(compact: bool) -> Table:
+    def layout(compact: bool, stacked: bool = False) -> Table:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
                       caption=Text(caption + ("\n* best" if compact and result.best else "")),
                       caption_justify="left", show_edge=not compact,
@@ -667,7 +669,7 @@ def render_scale_search(result: ScaleSearchResult) -> Fit | Text:
             best = c.name == result.best
             s = c.stats
             name = c.name + (" *" if compact and best else "")
-            cells = [Text(name, style="bold" if best else ""), _scale_cell(c),
+            cells = [Text(name, style="bold" if best else ""), _scale_cell(c, stacked),
                      percent_text(s.flushed_fraction), percent_text(s.saturated_fraction),
                      percent_text(s.median_rel_error), percent_text(s.p99_rel_error),
                      f"{s.sqnr_db:.1f} dB" if math.isfinite(s.sqnr_db) else value_text(s.sqnr_db),
@@ -680,7 +682,7 @@ def render_scale_search(result: ScaleSearchResult) -> Fit | Text:
             table.add_row(*cells)
         return table
 
-    return Fit(layout(False), layout(True))
+    return Fit(layout(False), layout(True), layout(True, stacked=True))
 
 
 def _granularity_text(scheme: Scheme) -> str:

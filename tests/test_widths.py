@@ -145,3 +145,12 @@ def test_check_backends(width):
     out = table(width, "check-backends")
     reports = json_of("check-backends")
     assert_shown(out, *{r["format"] for r in reports}, *{f"{r['inputs']:,}" for r in reports})
+
+
+def test_scale_search_of_a_checkpoint_is_a_table_at_80_columns(files):
+    """Scales that differ per tensor make a range too wide for one line at 80 columns: the
+    range goes on two lines rather than the table becoming one record per rule."""
+    out = table(80, "scale-search", files["small"])
+    doc = json_of("scale-search", files["small"])
+    assert "SQNR" in out.splitlines()[1]  # a header row, not records
+    assert len(out.splitlines()) < 3 * len(doc["candidates"]) + 10
