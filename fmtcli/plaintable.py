@@ -185,6 +185,12 @@ class HeadedRows:
             lines = self._split(width - 3 - label - stats, label, cells)
         elif 3 + label + stats <= width:
             lines = self._above(width, label, cells)
+        elif 3 + stats <= width and not any(name for name, _, _ in self.items):
+            # long labels (a recipe's scheme) as the names: each on a line above its figures
+            rows = HeadedRows(None, "", self.headers,
+                              [(lb, None, [("", c)]) for _, _, r in self.items for lb, c in r],
+                              name_header=self.label_header)
+            lines = rows._above(width, 0, cells)
         else:
             lines = self._records(width)
         dim = console.get_style("dim")
@@ -244,7 +250,9 @@ class HeadedRows:
 
     def _above(self, width: int, label: int, widths: list[int]) -> list:
         named = any(name for name, _, _ in self.items)
-        head = f"{self.name_header} / {self.label_header}" if named else self.label_header
+        head = self.label_header if not named else (
+            f"{self.name_header} / {self.label_header}" if self.label_header
+            else self.name_header)
         first = label + (2 if named else 0)
         columns = "".join("  " + pad(h, w, right=True) for h, w in zip(self.headers, widths))
         if cell_len(head) <= first or 1 + cell_len(head) + cell_len(columns) <= width:

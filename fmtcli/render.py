@@ -557,7 +557,7 @@ def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
             and (g.schemes[-1].blocks.flushing or g.schemes[-1].blocks.saturating)]
     with_blocks = sum(g.schemes[-1].blocks is not None for g in result.groups)
     table = blocks_table(
-        f"Blocks by role, under {main}: the roles whose blocks flush or saturate", "role",
+        f"Roles whose blocks flush or saturate, under {main}", "role",
         [(user_text(g.pattern), f"x{g.count:,}", g.schemes[-1]) for g in hurt]
         + [(None, f"total, {s.scheme.label}", s) for s in total])
     if table is not None:

@@ -125,7 +125,7 @@ def test_a_real_looking_checkpoint_renders_at_any_width(tmp_path, columns, extra
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= columns
     assert "\u2026" not in result.stdout
-    for part in ("encoder.", "attention.", "scalar_gain", "total", "per-tensor"):
+    for part in ("encoder.", "attention.", "scalar_gain", "Total", "per-tensor"):
         assert part in result.stdout, part
     assert "position_ids" not in result.stdout  # skipped: said once, on stderr
     assert result.stderr.count("position_ids") == 1

@@ -113,7 +113,7 @@ def test_worst_blocks_table_and_json(bert):
 
 def test_blocks_by_role_names_the_role_whose_blocks_flush(bert):
     out = at80(bert)
-    section = out[out.index("Blocks by role"):]
+    section = out[out.index("Roles whose blocks flush or saturate"):]
     assert "intermediate." in section and "x6" in section
     assert "other roles with blocks: none flushes or saturates" in section
 

@@ -154,3 +154,15 @@ def test_scale_search_of_a_checkpoint_is_a_table_at_80_columns(files):
     doc = json_of("scale-search", files["small"])
     assert "SQNR" in out.splitlines()[1]  # a header row, not records
     assert len(out.splitlines()) < 3 * len(doc["candidates"]) + 10
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_quantize_summary_comparing_every_recipe(width, files):
+    """Seven schemes with long labels: the total stays a table (each label on a line of its
+    own above its figures where it does not fit beside them), not one record per scheme."""
+    out = table(width, "quantize", files["bert"], "--compare", "all")
+    doc = json_of("quantize", files["bert"], "--compare", "all")
+    total = out[out.index("Total of"):]
+    header = total.splitlines()[2]
+    assert "flushed" in header and "SQNR" in header and "saturated" in header
+    assert_shown(total, *[s["label"] for s in doc["total"]], *[sqnr(s) for s in doc["total"]])
