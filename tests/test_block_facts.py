@@ -193,3 +193,32 @@ def test_log2_histogram_keeps_nonzero_bins_in_order():
     counts[1100 - 3] = 2
     counts[1100 + 8] = 5
     assert log2_histogram(counts) == {-3: 2, 8: 5}
+
+
+def test_a_tensor_smaller_than_a_block_is_one_block_and_the_total_keeps_block_facts():
+    """A bias of 64 values under blocks of 128 has one scale: one block, whose facts are the
+    tensor's; the checkpoint's total then still has per-block facts."""
+    rng = np.random.default_rng(8)
+    w = (rng.standard_normal((64, 256)) * 0.05).astype(np.float32)
+    b = (rng.standard_normal(64) * 1e-4).astype(np.float32)
+    b[0] = 1.0  # its scale makes three of the small values flush
+    result = quantize([source(w, "l.0.w"), source(b, "l.0.b")], [build_scheme(block=128)])
+    bias = result.tensors[1].schemes[0]
+    assert bias.blocks.count == 1 and bias.blocks.flushing == int(bias.flushed > 0)
+    assert dict(bias.blocks.flushed_fraction_quantiles)["max"] <= bias.flushed / 64
+    total = result.total[0].blocks
+    assert total is not None
+    assert total.count == result.tensors[0].schemes[0].blocks.count + 1
+
+
+@pytest.mark.parametrize("data_seed", [0, 9])
+def test_a_scheme_s_statistics_do_not_depend_on_the_schemes_beside_it(data_seed):
+    """The sum of x**2 is shared by the schemes of a chunk: whichever scheme reaches it
+    first, it is summed the same way (it once followed the first scheme's knowledge of
+    max|x|, so SQNR changed in its 8th digit with --compare)."""
+    x = data(data_seed)
+    block = build_scheme(block=128)
+    alone = quantize([source(x)], [block]).tensors[0].schemes[0]
+    beside = quantize([source(x)], [build_scheme(per=Granularity.TENSOR), block]
+                      ).tensors[0].schemes[1]
+    assert beside.to_dict() == alone.to_dict()

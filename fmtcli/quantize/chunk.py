@@ -306,7 +306,7 @@ class ChunkKernel:
             kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
         acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared,
-                      mse_only=self.mse_only)
+                      mse_only=self.mse_only, raw=x)
         facts = None
         if not plan.is_global and not self.mse_only:
             facts = self._facts(xp.reshape(shape4), x_q4, (rows, cols), shape4, acc.flushed,

@@ -23,6 +23,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..backends import Backend, Device
+from ..choices import Granularity
 from ..errors import UsageError, shown
 from ..scaling import Product, ScaleRule
 from ..schemes import ScaleFormat, Scheme, for_tensor
@@ -130,6 +131,13 @@ def worker_count(workers: int, chunks: list) -> int:
     if elements < PARALLEL_ELEMENTS:
         return 1
     return max(1, min(workers, len(chunks)))
+
+
+def one_block(plan: Plan, rows: int, cols: int) -> bool:
+    """Whether a block, tile or row scheme covers the whole tensor with one scale (its
+    per-block facts are then those of the tensor)."""
+    return (plan.scheme.granularity in (Granularity.BLOCK, Granularity.TILE, Granularity.ROW)
+            and -(-rows // plan.tile[0]) * -(-cols // plan.tile[1]) == 1)
 
 
 def needs_first_pass(plan: Plan) -> bool:
@@ -275,6 +283,11 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         grid = plan.scales if plan.is_global else grids[i]
         summary.add(grid)
         run = SchemeRun(plan.scheme, acc, summary, exponent_counts(grid))
+        if plan.is_global and one_block(plan, rows, cols):
+            # a block scheme on a tensor that fits in one block (a short bias): that block
+            run.blocks = BlockAccumulator(1, int(acc.flushed > 0), int(acc.saturated > 0),
+                                          fraction_counts(np.array([acc.flushed]),
+                                                          np.array([max(acc.count, 1)])))
         if not plan.is_global:
             run.blocks = BlockAccumulator(*(int(v) for v in block_records[:, i].sum(axis=0)),
                                           fractions=fractions[:, i].sum(axis=0))

@@ -161,13 +161,15 @@ class ErrorAccumulator:
     def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
                   overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None,
                   x_max: float | None = None, shared: dict | None = None,
-                  mse_only: bool = False) -> None:
+                  mse_only: bool = False, raw: np.ndarray | None = None) -> None:
         """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result.
 
         ``padding`` trailing zeros were added to the chunk to fill whole blocks: they are
         not counted.  ``work`` is an optional float32 scratch array of the same size;
         ``x_max`` max|x| if the caller knows it (it picks the summation's precision).
-        ``shared``: a dict kept across the schemes of one chunk, which caches sum(x**2).
+        ``shared``: a dict kept across the schemes of one chunk, which caches sum(x**2),
+        taken over ``raw`` (the chunk without padding, when given) so that it is the same
+        for every scheme whatever its padding.
         ``mse_only``: only what ``mse()`` needs (count, finite pairs, the squared errors),
         computed exactly as the full statistics compute it; chunks holding inf or NaN take
         the full path.
@@ -176,7 +178,8 @@ class ErrorAccumulator:
             if mse_only and self._add_squared_errors(x.reshape(-1), x_q.reshape(-1), padding):
                 return
             self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work,
-                      x_max, {} if shared is None else shared)
+                      x_max, {} if shared is None else shared,
+                      x.reshape(-1) if raw is None else raw.reshape(-1))
 
     def _add_squared_errors(self, x, x_q, padding) -> bool:
         """The ``mse_only`` part of ``_add`` for a chunk whose errors are all finite (False
@@ -209,7 +212,7 @@ class ErrorAccumulator:
         rmse = math.ldexp(math.sqrt(err2 / pairs), err_power // 2)
         return rmse * rmse  # inf (0) where only the root fits in a float64
 
-    def _add(self, x, x_q, saturated, overflowed, padding, work, x_max, shared) -> None:
+    def _add(self, x, x_q, saturated, overflowed, padding, work, x_max, shared, raw) -> None:
         err = np.subtract(x_q, x, out=work.reshape(-1) if work is not None else None)
         # Pairwise summation in the data's precision (float32: ~1e-7 of the sum of |err|);
         # inf/NaN anywhere make it non-finite, which selects the careful path below.
@@ -249,7 +252,11 @@ class ErrorAccumulator:
         self.sum_err2_tiny += tiny
         if finite_x is x:  # the same for every scheme of this chunk (padding adds zeros)
             if "sum_x2" not in shared:
-                shared["sum_x2"] = _sum_of_squares(x, x_max)
+                # the summation is chosen by the chunk's own max|x|, known or taken here,
+                # so that it does not depend on which scheme reaches the chunk first
+                largest = x_max if x_max is not None else (float(np.abs(raw).max())
+                                                           if raw.size else 0.0)
+                shared["sum_x2"] = _sum_of_squares(raw, largest)
             small, big, tiny = shared["sum_x2"]
         else:
             small, big, tiny = _sum_of_squares(finite_x, x_max)
