@@ -48,8 +48,13 @@ def pages() -> list[Path]:
 
 def model_files(directory: Path) -> None:
     """``model.safetensors``: a checkpoint shaped like a real one -- an int64 first tensor
-    (skipped), an embedding, attention weights and a bias -- from a fixed seed."""
+    (skipped), an embedding, attention weights and a bias -- from a fixed seed; and
+    ``bert.safetensors``, an 86-tensor BERT-like one for the checkpoint report
+    (tests/report_files.py)."""
+    from report_files import bert_like
     from safetensors.numpy import save_file
+
+    bert_like(directory)
 
     rng = np.random.default_rng(2024)
     tensors = {

@@ -73,8 +73,13 @@ def note(message: str) -> None:
 
 def warning_as_note(message, category, filename, lineno, file=None, line=None) -> None:
     """``warnings.showwarning`` of the CLI: a warning (a numpy RuntimeWarning that escaped
-    its source, say) becomes one ``Note:`` line instead of two lines naming our source."""
-    note(f"{message} ({category.__name__})")
+    its source, say) becomes one ``Note:`` line instead of two lines naming our source.
+    fmtcli's own notes (``checkpoints.CheckpointNote``: files of a model folder left
+    unread) are said as they are; other warnings name their category."""
+    if category.__name__ == "CheckpointNote":
+        note(str(message))
+    else:
+        note(f"{message} ({category.__name__})")
 
 
 ASCII_LOOKALIKES = str.maketrans({"≈": "~", "█": "#", "→": "->", "…": "...",

@@ -51,8 +51,9 @@ SUMMARY_ABOVE = 8  # render.SUMMARY_ABOVE (not imported: rich loads only when a 
              short_help="How much does a tensor lose? Per tensor vs per block.")
 def quantize_command(
     files: Annotated[Optional[list[str]], typer.Argument(
-        metavar="FILE", help="Tensors: .npy .npz .safetensors .pt/.pth .txt/.csv/.json, a "
-        "directory, or - for numbers on stdin. None: the article's built-in example "
+        metavar="FILE", help="Tensors: .npy .npz .safetensors .pt/.pth/.bin "
+        ".txt/.csv/.json, a directory (a Hugging Face model folder, sharded or not, reads as "
+        "one checkpoint), or - for numbers on stdin. None: the article's built-in example "
         "(1024 values of size ~0.001 and one outlier of 100).", show_default=False)] = None,
     format_name: Annotated[Optional[str], typer.Option(
         "--format", metavar="F", help="Element format.  [default: float8_e4m3fn]",
