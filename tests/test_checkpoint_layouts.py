@@ -318,6 +318,7 @@ def test_safetensors_are_read_and_the_bin_twin_is_named_in_a_note(tmp_path):
     notes = result.stderr.splitlines()
     assert len(notes) == 1 and notes[0].startswith("Note: ")
     assert "pytorch_model.bin" in notes[0] and "not read" in notes[0]
+    assert not notes[0].endswith("(CheckpointNote)")  # fmtcli's own note, not a warning
     with pytest.warns(CheckpointNote, match="pytorch_model.bin"):
         load_inputs([str(folder)])
 
