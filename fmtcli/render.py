@@ -751,7 +751,7 @@ def render_loss_scale(result: LossScaleResult, histogram: bool = False):
     return Group(*parts)
 
 
-def render_log2_histogram(result: LossScaleResult, scale_log2: int | None) -> Table:
+def render_log2_histogram(result: LossScaleResult, scale_log2: int | None) -> Fit:
     """Bars of log2|g| per binade, each binade's region in the format at S = 1 and at the
     recommended scale: flush, subnormal, normal, overflow (or saturate, where the cast
     clips instead)."""
@@ -778,18 +778,23 @@ def render_log2_histogram(result: LossScaleResult, scale_log2: int | None) -> Ta
 
     styles = {"flush": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta",
               "saturate": "magenta", "mixed": "default"}
-    table = Table(title="log2|g| per binade", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("log2|g|", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("", no_wrap=True)
-    table.add_column("at S = 1")
-    table.add_column(f"at S = 2^{shift}")
-    for k, n in bins:
-        bar = "█" * max(1, round(30 * n / peak))
-        here, there = region(k, 0), region(k, shift)
-        table.add_row(str(k), percent_text(n / total), bar, Text(here, style=styles[here]),
-                      Text(there, style=styles[there]))
-    return table
+
+    def layout(bar_width: int) -> Table:
+        table = Table(title="log2|g| per binade", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("log2|g|", justify="right")
+        table.add_column("share", justify="right")
+        table.add_column("", no_wrap=True)
+        table.add_column("at S = 1")
+        table.add_column(f"at S = 2^{shift}")
+        for k, n in bins:
+            bar = "█" * max(1, round(bar_width * n / peak))
+            here, there = region(k, 0), region(k, shift)
+            table.add_row(str(k), percent_text(n / total), bar, Text(here, style=styles[here]),
+                          Text(there, style=styles[there]))
+        return table
+
+    # bars of 30 characters where they fit, shorter on a narrow terminal (never cut)
+    return Fit(*(layout(width) for width in (30, 20, 12, 6)))
 
 
 # -- fmt check-backends --------------------------------------------------------------------

@@ -166,3 +166,10 @@ def test_quantize_summary_comparing_every_recipe(width, files):
     header = total.splitlines()[2]
     assert "flushed" in header and "SQNR" in header and "saturated" in header
     assert_shown(total, *[s["label"] for s in doc["total"]], *[sqnr(s) for s in doc["total"]])
+
+
+@pytest.mark.parametrize("width", [40, 50, 60])
+def test_the_loss_scale_histogram_shortens_its_bars_on_a_narrow_terminal(width):
+    """Below 80 columns the bars get shorter rather than cut with an ellipsis."""
+    out = table(width, "loss-scale", "--histogram")
+    assert "█" in out and "log2|g| per binade" in out
