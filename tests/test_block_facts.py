@@ -222,3 +222,15 @@ def test_a_scheme_s_statistics_do_not_depend_on_the_schemes_beside_it(data_seed)
     beside = quantize([source(x)], [build_scheme(per=Granularity.TENSOR), block]
                       ).tensors[0].schemes[1]
     assert beside.to_dict() == alone.to_dict()
+
+
+def test_many_worst_blocks_asked_for_cost_no_more_than_the_blocks_there_are():
+    """Rows kept per chunk are bounded by its blocks: asking for a million worst blocks of a
+    small tensor keeps its blocks, each once, in order."""
+    x = data(6, (32, 512))
+    result = quantize([source(x)], [build_scheme(block=128)], worst_blocks=1_000_000,
+                      chunk_elements=4096)
+    assert len(result.worst_blocks) == 32 * 4
+    assert len({(w.row, w.column) for w in result.worst_blocks}) == 32 * 4
+    keys = [(-w.flushed, -w.max_rel_error) for w in result.worst_blocks]
+    assert keys == sorted(keys)

@@ -47,6 +47,9 @@ from .output import StderrProgress, emit, emit_csv, note
 SUMMARY_ABOVE = 8  # render.SUMMARY_ABOVE (not imported: rich loads only when a table prints)
 
 
+MAX_WORST_BLOCKS = 100_000  # a list longer than this is no report (and costs memory)
+
+
 @app.command("quantize", cls=UsageWithEllipsis,
              short_help="How much does a tensor lose? Per tensor vs per block.")
 def quantize_command(
@@ -116,8 +119,9 @@ def quantize_command(
         "p99, median: relative error, largest first; sqnr: lowest first; saturated: "
         "largest fraction first.")] = SortBy.FLUSHED,
     worst_blocks: Annotated[int, typer.Option(
-        "--worst-blocks", min=0, metavar="K", help="List each block scheme's K worst blocks "
-        "(most values flushed, then largest relative error): tensor, block, amax, scale.")
+        "--worst-blocks", min=0, max=MAX_WORST_BLOCKS, metavar="K",
+        help="List each block scheme's K worst blocks (most values flushed, then largest "
+        "relative error): tensor, block, amax, scale.  0..100000.")
     ] = 0,
     csv_out: CsvOption = False,
     json_out: JsonOption = False,

@@ -161,14 +161,6 @@ class WorstBlock:
                 "flushed": self.flushed, "max_rel_error": self.max_rel_error}
 
 
-def worst_key(row: np.ndarray) -> tuple:
-    """Sort key of a worst-block record (``WORST_FIELDS`` order, plus a tensor index last):
-    most flushed, then largest relative error (NaN last), then tensor order and place."""
-    flushed, rel, r, c = row[0], row[1], row[2], row[3]
-    tensor = row[7] if len(row) > 7 else 0
-    return (-flushed, -(rel if rel == rel else -math.inf), tensor, r, c)
-
-
 def chunk_worst(flushed: np.ndarray, max_rel: np.ndarray, amax: np.ndarray,
                 scale: np.ndarray, sizes: np.ndarray, first_row: int, first_col: int,
                 k: int) -> np.ndarray:

@@ -238,8 +238,13 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
     block_records = shared_array((len(chunks), len(plans), len(BlockAccumulator.PACKED)),
                                  np.int64)
     fractions = shared_array((n_workers, len(plans), FRACTION_BINS), np.int64)
-    worst_rows = shared_array((len(chunks), len(plans), worst, len(WORST_FIELDS)), np.float64) \
-        if worst else None
+    # a chunk cannot hold more blocks than values: the rows kept per chunk are bounded by
+    # its size, whatever --worst-blocks asks for
+    per_chunk = min(worst, max((-(-(rs.stop - rs.start) // p.tile[0]))
+                               * (-(-(cs.stop - cs.start) // p.tile[1]))
+                               for p in plans for rs, cs in chunks))  # blocks in a chunk
+    worst_rows = shared_array((len(chunks), len(plans), per_chunk, len(WORST_FIELDS)),
+                              np.float64) if worst else None
     long_row = rows == 1 and len(chunks) > 1
     grids = [None if p.is_global else
              shared_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
@@ -267,7 +272,7 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
                 if worst:
                     worst_rows[index, i] = chunk_worst(facts.flushed, facts.max_rel, facts.amax,
                                                        facts.scale, facts.sizes, first_row,
-                                                       first_col, worst)
+                                                       first_col, per_chunk)
             if kept is not None and sink is not None:
                 sink(rs, cs, kept)
         return x.size

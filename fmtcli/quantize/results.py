@@ -18,7 +18,6 @@ from .blocks import (
     BlockStats,
     WorstBlock,
     log2_histogram,
-    worst_key,
 )
 from .metrics import HIST_BINS, REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_sum
 
@@ -267,9 +266,12 @@ class SchemeRun:
 
 
 def top_blocks(rows: np.ndarray, k: int) -> np.ndarray:
-    """The k worst of worst-block rows (``blocks.worst_key`` order)."""
+    """The k worst of worst-block rows (``blocks.WORST_FIELDS`` and the tensor's index):
+    most flushed, then the largest relative error (NaN last), then the first tensor, row
+    and column; rows of NaN (unused slots) are dropped."""
     rows = rows[~np.isnan(rows[:, 0])] if rows.size else rows
-    order = sorted(range(len(rows)), key=lambda i: worst_key(rows[i]))[:k]
+    rel = np.where(np.isnan(rows[:, 1]), -np.inf, rows[:, 1])
+    order = np.lexsort((rows[:, 3], rows[:, 2], rows[:, -1], -rel, -rows[:, 0]))[:k]
     return rows[order]
 
 
