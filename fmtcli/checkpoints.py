@@ -32,7 +32,6 @@ but the index does not name is kept as a *skipped* tensor (the index is what
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -145,21 +144,7 @@ def read_index(path: str) -> dict[str, str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise DataError(f"{where}: corrupt index (not UTF-8 text)") from None
-    textparse.check_json_depth(text, f"{where}: corrupt index:")
-
-    def unique(pairs):
-        obj = {}
-        for key, value in pairs:
-            if key in obj:
-                raise DataError(f"{where}: corrupt index (the name {shown(key)} appears "
-                                "twice)")
-            obj[key] = value
-        return obj
-
-    try:
-        document = json.loads(text, object_pairs_hook=unique)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where}: corrupt index ({error})") from None
+    document = textparse.load_json(text, f"{where}: corrupt index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(shard, str) for shard in weight_map.values()):

@@ -94,6 +94,8 @@ RECIPE_NAMES = ("tensorwise", "rowwise", "deepseek", "mxfp8", "mxfp6", "mxfp4", 
 CHUNK_ELEMENTS = 1 << 18
 #: Amax history length of delayed scaling: Transformer Engine's default amax_history_len.
 HISTORY = 1024
+#: Above this many tensors, ``fmt quantize``'s table is a summary (roles, worst, total).
+SUMMARY_ABOVE = 8
 #: What ``fmt range`` and ``fmt underflow`` show by default: the article's six formats.
 ARTICLE_FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                    "float8_e5m2")

@@ -19,7 +19,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from .choices import Granularity
+from .choices import SUMMARY_ABOVE, Granularity
 from .errors import one_line
 from .fates import Fate
 from .plaintable import (
@@ -394,10 +394,6 @@ _ROW_STATS = [  # the per-tensor table's columns: header, cell
     ("saturated", lambda s: f"{s.saturated:,}"),
 ]
 
-
-#: Above this many quantized tensors the default report is a summary (roles, the worst
-#: tensors, the total) rather than a row per tensor (``--per-tensor``).
-SUMMARY_ABOVE = 8
 
 SPARK = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"  # eight heights, lowest first
 

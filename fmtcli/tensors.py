@@ -21,7 +21,6 @@ reported with a ``skipped`` reason instead of failing the run.
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 import os
 import pickle
@@ -167,22 +166,8 @@ def _header_json(raw: bytes, where: str):
     except UnicodeDecodeError as error:
         raise DataError(f"{where}: corrupt .safetensors header (not UTF-8 at byte "
                         f"{8 + error.start})") from None
-    textparse.check_json_depth(text, f"{where}: corrupt .safetensors header:")
-
-    def unique(pairs):
-        obj = {}
-        for key, value in pairs:
-            if key in obj:
-                raise DataError(f"{where}: corrupt .safetensors header (the name {shown(key)} "
-                                "appears twice)")
-            obj[key] = value
-        return obj
-
-    try:
-        return json.loads(text, object_pairs_hook=unique,
-                          parse_int=lambda s: int(s) if len(s) <= 20 else float(s))
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where}: corrupt .safetensors header ({error})") from None
+    return textparse.load_json(text, f"{where}: corrupt .safetensors header",
+                               parse_int=lambda s: int(s) if len(s) <= 20 else float(s))
 
 
 def read_safetensors_header(path: str) -> tuple[dict, int]:

@@ -30,7 +30,7 @@ from array import array
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, shown
 
 MAX_TEXT_BYTES = 16 * 1024 * 1024  # a few seconds of parsing at worst (one number a line)
 MAX_JSON_DEPTH = 64
@@ -76,6 +76,27 @@ def check_json_depth(text: str, source: str, limit: int = MAX_JSON_DEPTH) -> Non
             raise DataError(f"{source}: JSON nested more than {limit} levels deep",
                             "a tensor needs one level per dimension")
         depth = int(levels[-1])
+
+
+def load_json(text: str, corrupt: str, **options):
+    """``json.loads`` for files fmt reads as structure (a safetensors header, a checkpoint
+    index): nesting bounded before parsing, a name given twice in one object refused, every
+    failure one ``DataError`` starting ``corrupt`` (e.g. "'x.json': corrupt index").
+    ``options`` go to ``json.loads`` (``parse_int``)."""
+    check_json_depth(text, f"{corrupt}:")
+
+    def unique(pairs):
+        obj = {}
+        for key, value in pairs:
+            if key in obj:
+                raise DataError(f"{corrupt} (the name {shown(key)} appears twice)")
+            obj[key] = value
+        return obj
+
+    try:
+        return json.loads(text, object_pairs_hook=unique, **options)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{corrupt} ({error})") from None
 
 
 def parse_text(text: str, source: str) -> np.ndarray:

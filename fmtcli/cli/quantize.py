@@ -9,6 +9,7 @@ import typer
 from ..choices import (
     CHUNK_ELEMENTS,
     RECIPE_NAMES,
+    SUMMARY_ABOVE,
     Backend,
     Device,
     Granularity,
@@ -43,9 +44,6 @@ from .options import (
     rule_with_value,
 )
 from .output import StderrProgress, emit, emit_csv, note
-
-SUMMARY_ABOVE = 8  # render.SUMMARY_ABOVE (not imported: rich loads only when a table prints)
-
 
 MAX_WORST_BLOCKS = 100_000  # a list longer than this is no report (and costs memory)
 

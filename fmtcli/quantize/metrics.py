@@ -189,6 +189,13 @@ class ErrorAccumulator:
             return False
         self.count += x.size - padding
         self.finite_pairs += x.size - padding
+        self._add_abs_errors(err)
+        return True
+
+    def _add_abs_errors(self, err: np.ndarray) -> None:
+        """Max |error| and the sum of squared errors of finite errors (``err`` becomes
+        |err|, in place); shared by the full statistics and the ``mse_only`` path, so both
+        sum exactly alike."""
         abs_err = np.abs(err, out=err)
         max_err = float(abs_err.max()) if abs_err.size else 0.0
         self.max_abs_err = max(self.max_abs_err, max_err)
@@ -196,7 +203,6 @@ class ErrorAccumulator:
         self.sum_err2 += small
         self.sum_err2_big += big
         self.sum_err2_tiny += tiny
-        return True
 
     def mse(self) -> float:
         """Mean squared error over the finite pairs (inf for an unbounded error, NaN with
@@ -243,13 +249,8 @@ class ErrorAccumulator:
             self.finite_pairs += finite_err.size - padding
             total_err = float(np.sum(finite_err, dtype=np.float64))
         self.sum_err += total_err
-        abs_err = np.abs(finite_err, out=finite_err)
-        max_err = float(abs_err.max()) if abs_err.size else 0.0
-        self.max_abs_err = max(self.max_abs_err, max_err)
-        small, big, tiny = _sum_of_squares(abs_err, max_err)
-        self.sum_err2 += small
-        self.sum_err2_big += big
-        self.sum_err2_tiny += tiny
+        self._add_abs_errors(finite_err)
+        abs_err = finite_err
         if finite_x is x:  # the same for every scheme of this chunk (padding adds zeros)
             if "sum_x2" not in shared:
                 # the summation is chosen by the chunk's own max|x|, known or taken here,
