@@ -83,7 +83,7 @@ def load_json(text: str, corrupt: str, **options):
     index): nesting bounded before parsing, a name given twice in one object refused, every
     failure one ``DataError`` starting ``corrupt`` (e.g. "'x.json': corrupt index").
     ``options`` go to ``json.loads`` (``parse_int``)."""
-    check_json_depth(text, f"{corrupt}:")
+    check_json_depth(text, corrupt)
 
     def unique(pairs):
         obj = {}

@@ -381,3 +381,19 @@ def test_mtcnn_weights_from_the_facenet_pytorch_wheel_read_like_the_same_tensors
     reference = quantize_json(tmp_path / f"{net}.npz")
     assert [t["shape"] for t in doc["tensors"]] == [t["shape"] for t in reference["tensors"]]
     assert_same_statistics(doc, reference)
+
+
+@pytest.mark.parametrize("name, what", [("model.safetensors.index.json", "corrupt index"),
+                                        ("model.safetensors", "corrupt .safetensors header")])
+def test_json_nested_too_deep_is_one_plain_error_line(tmp_path, name, what):
+    """Index and safetensors header share one JSON reader (textparse.load_json): deep
+    nesting is refused before parsing, in one line with a single colon."""
+    text = "[" * 100 + "]" * 100
+    path = tmp_path / name
+    if name.endswith(".json"):
+        path.write_text(text)
+    else:
+        raw = text.encode()
+        path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    line = assert_data_error(invoke("quantize", path))
+    assert f"{what}: JSON nested more than 64 levels deep" in line and "::" not in line
