@@ -39,7 +39,8 @@ from ..scaling import (
     amax_to_scale,
     scale_to_e4m3,
 )
-from ..schemes import ScaleFormat, Scheme
+from ..schemes import OverflowPolicy, ScaleFormat, Scheme
+from . import native
 from .blocks import block_sizes
 from .metrics import ErrorAccumulator
 
@@ -188,6 +189,20 @@ class ChunkKernel:
         # Formats whose only range rule is max (no -0 rule, zero and sign as float32 has).
         self.plain = (self.spec.signed and self.spec.has_zero
                       and self.spec.specials is not Specials.FNUZ)
+        # the compiled kernel (native.py) takes what the magic-number rounding of a float32
+        # product does, on the numpy backend, for formats whose only range rule is max
+        self.native = (native.module() if self.fast and not self.wide and not self.exact
+                       and self.plain and backend is Backend.NUMPY else None)
+        # values past max saturate (the policy, or a format with no inf or NaN)
+        self.saturates = (plan.scheme.overflow is OverflowPolicy.SATURATE
+                          or not (self.spec.has_inf or self.spec.has_nan))
+        if self.native is not None:
+            m = self.spec.mantissa_bits
+            self.magic = (int(np.float32(self.spec.smallest_normal).view(np.uint32)),
+                          int(np.float32(2.0 ** (self.spec.max_exponent + 1))
+                              .view(np.uint32)),
+                          (23 - m) << 23)
+        self._scratch = np.empty(0, np.float32)
 
     def run(self, x: np.ndarray, origin: tuple[int, int, int], hist: np.ndarray,
             keep: str | None, shared: dict | None = None):
@@ -237,7 +252,7 @@ class ChunkKernel:
         if plan.is_global:
             scale = plan.scales
         else:
-            amax = tile_amax(xw, tr, tc)
+            amax = self._tile_amax(xw, x, tr, tc)
             x_max = float(amax.max())
             if scheme.scale_rule is ScaleRule.PERCENTILE:
                 scale = scales_for(tile_percentile(xw[:rows, :cols], tr, tc,
@@ -252,6 +267,11 @@ class ChunkKernel:
             # all round to at most max (under this scheme's rounding mode); False for NaN
             in_range = peak < self.thresholds[amax.dtype]
         plain = self.plain and keep != "codes"
+        if self.native is not None and keep is None and xp.dtype == np.float32:
+            done = self._run_native(x, xp, scale, (tr, tc), padding, hist, shared, x_max,
+                                    in_range, local_amax)
+            if done is not None:
+                return done
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
         dead = None
         if self.two_level and np.isinf(scale).any():  # NVFP4 blocks that decode to 0
@@ -314,6 +334,79 @@ class ChunkKernel:
         if keep == "values":
             kept = x_q[:rows, :cols]
         return acc, local_scales, kept, facts
+
+    def _tile_amax(self, xw: np.ndarray, x: np.ndarray, tr: int, tc: int) -> np.ndarray:
+        """``tile_amax`` of the working chunk, by the compiled kernel where it applies
+        (the unpadded float32 chunk: padding is zeros, which never raise an amax)."""
+        if self.native is None or x.dtype != np.float32 or not x.flags.c_contiguous:
+            return tile_amax(xw, tr, tc)
+        rows, cols = x.shape
+        out = np.empty((-(-rows // tr), -(-cols // tc)), np.float32)
+        self.native.tile_amax(x, rows, cols, tr, tc, out)
+        return out
+
+    def _run_native(self, x, xp, scale, tile, padding, hist, shared, x_max, in_range, amax):
+        """The chunk by the compiled kernel: the same statistics as the numpy path below,
+        to the bit.  None where it does not apply (inf or NaN in the chunk or its scales,
+        a value that rounds past max under an overflow policy that does not saturate, a
+        result that is not finite): the numpy path then does the chunk."""
+        plan = self.plan
+        tr, tc = tile
+        rows, cols = xp.shape
+        scale = np.ascontiguousarray(scale, dtype=np.float32)
+        if scale.shape != (rows // tr, cols // tc):
+            return None
+        if plan.is_global:  # |x * s| <= fl(max|x| * max s): the whole chunk in range?
+            largest = np.empty((1, 1), np.float32)
+            self.native.tile_amax(np.ascontiguousarray(xp), rows, cols, rows, cols, largest)
+            x_max = float(largest[0, 0])
+            peak = float(largest[0, 0] * scale.max())
+            in_range = peak < self.thresholds[np.dtype(np.float32)]
+        else:
+            peak = float(np.max(amax * scale))
+        if not math.isfinite(peak):  # inf or NaN in the chunk or its scales
+            return None
+        if not in_range and not self.saturates:
+            return None
+        xp = np.ascontiguousarray(xp)
+        if self._scratch.size != xp.size:
+            self._scratch = np.empty(xp.size, np.float32)
+        facts = not plan.is_global and not self.mse_only
+        flushed = np.empty(scale.shape, np.int64) if facts else None
+        saturating = np.empty(scale.shape, np.int64) if facts and not in_range else None
+        max_rel = np.empty(scale.shape, np.float32) if facts and self.worst else None
+        low, high, shift = self.magic
+        fmax = np.inf if in_range else self.spec.max
+        got = self.native.quantize_chunk(xp, scale, rows, cols, tr, tc, low, high, shift,
+                                         fmax, self._scratch,
+                                         None if self.mse_only else hist, flushed,
+                                         saturating, max_rel)
+        if got is None:
+            return None
+        sum_err, max_err, sum_err2, zero_results, nan_keys, saturated = got
+        acc = ErrorAccumulator(hist=hist)
+        size = xp.size - padding
+        acc.count = acc.finite_pairs = size
+        acc.saturated = saturated
+        acc.max_abs_err = max_err
+        acc.sum_err2 = sum_err2
+        if not self.mse_only:
+            acc.sum_err = sum_err
+            if "sum_x2" not in shared:  # as ErrorAccumulator._add takes it, over the raw chunk
+                raw = np.ascontiguousarray(x)
+                shared["sum_x2"] = (self.native.sum_squares(raw, raw.size, x_max), 0.0, 0.0)
+            acc.sum_x2 = shared["sum_x2"][0]
+            zeros = nan_keys - padding  # 0/0: the zeros, the padding's included
+            acc.flushed = zero_results - nan_keys
+            acc.zeros = zeros
+            acc.nonzero = size - zeros
+        block_facts = None
+        if facts:
+            block_facts = BlockFacts(flushed, block_sizes(x.shape[0], x.shape[1], tr, tc),
+                                     0 if saturating is None
+                                     else int(np.count_nonzero(saturating)),
+                                     amax, scale, max_rel)
+        return acc, None if plan.is_global else scale, None, block_facts
 
     def _facts(self, x4, x_q4, shape, shape4, any_flushed, saturated_at, amax, scale
                ) -> BlockFacts:

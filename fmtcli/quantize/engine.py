@@ -297,8 +297,8 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
             run.blocks = BlockAccumulator(*(int(v) for v in block_records[:, i].sum(axis=0)),
                                           fractions=fractions[:, i].sum(axis=0))
             if worst:
-                rows = worst_rows[:, i].reshape(-1, len(WORST_FIELDS))
-                run.worst = top_blocks(np.concatenate([rows, np.zeros((len(rows), 1))],
+                found = worst_rows[:, i].reshape(-1, len(WORST_FIELDS))
+                run.worst = top_blocks(np.concatenate([found, np.zeros((len(found), 1))],
                                                       axis=1), worst)
         results.append(run)
     kept = None
