@@ -1,6 +1,6 @@
 """fmt quantize vs the hand-written numpy + ml_dtypes baseline, in one run, on one file.
 
-    python benchmarks/bench_quantize.py [--elements N] [--repeat R] [--file PATH]
+    python benchmarks/bench_quantize.py [--elements N] [--repeat R] [--file PATH] [--no-dtypes]
 
 Makes (or reuses) a float32 .npy of N elements (default 64M = 256 MiB; a 2-D 16384 x 4096
 activation-like matrix of N(0, 0.02) with rare x100 outliers, seeded), then runs, each as its
@@ -16,6 +16,13 @@ its interpreter's start-up (imports) once; a second ratio leaves that out: the b
 own "seconds" (it times itself after its imports) against fmtcli's wall time minus the wall
 time of the same command on a 128-element file (the same imports and set-up, no work;
 ``fmt --version`` no longer loads numpy, so it no longer measures the start-up of a run).
+
+fmtcli runs twice: with its compiled chunk kernel (``fmtcli/quantize/_native.c``, where it
+is built) and with ``FMTCLI_KERNEL=numpy`` (the numpy formulation alone: the engine before
+the kernel), so the kernel's gain is measured in the same run.  Then the same values stored
+as bfloat16 and float16 (``--no-dtypes`` to skip): elements per second of work against
+float32's.  Children run with Python's bytecode cache on (``PYTHONDONTWRITEBYTECODE``
+removed from their environment, one warm-up run first), as an installed package runs.
 """
 
 from __future__ import annotations
@@ -50,10 +57,17 @@ def make_tensor(path: str, elements: int, seed: int = 0) -> None:
     del out
 
 
-def run(command: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS in bytes and stdout of one process."""
+# as an installed package runs: its modules' bytecode cached (a development shell may set
+# PYTHONDONTWRITEBYTECODE, which makes every run compile fmtcli's sources again: ~50 ms)
+CHILD_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE",
+                                                               "FMTCLI_KERNEL")}
+
+
+def run(command: list[str], **env: str) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS in bytes and stdout of one process (``env``: added)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**CHILD_ENV, **env})
     stdout = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -69,11 +83,25 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--file", default=None, help="tensor path (made if missing)")
     parser.add_argument("--naive", default=NAIVE)
+    parser.add_argument("--no-dtypes", action="store_true",
+                        help="skip the bfloat16 and float16 runs")
     parser.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--make-dtype", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     path = args.file or os.path.join("/tmp", f"fmtcli-bench-{args.elements}.npy")
     if args.make:
         make_tensor(path, args.elements)
+        return
+    if args.make_dtype:
+        import ml_dtypes
+
+        dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[args.make_dtype]
+        source = np.load(path, mmap_mode="r")
+        out = np.lib.format.open_memmap(f"{path[:-4]}.{args.make_dtype}.npy", mode="w+",
+                                        dtype=dtype, shape=source.shape)
+        for start in range(0, source.shape[0], 1024):
+            out[start:start + 1024] = source[start:start + 1024].astype(dtype)
+        out.flush()
         return
     if not os.path.exists(path):
         print(f"writing {path} ...", file=sys.stderr)
@@ -87,11 +115,16 @@ def main() -> None:
                 "--format", "float8_e4m3fn", "--compare", "none", "--json"]
     tiny = path + ".tiny.npy"
     np.save(tiny, np.linspace(-1, 1, 128, dtype=np.float32))
-    startup = min(run([*ours_cmd[:4], tiny, *ours_cmd[5:]])[0] for _ in range(args.repeat))
+    tiny_cmd = [*ours_cmd[:4], tiny, *ours_cmd[5:]]
+    run(tiny_cmd)  # warm-up: writes the bytecode cache
+    startup = min(run(tiny_cmd)[0] for _ in range(args.repeat))
+    startup_numpy = min(run(tiny_cmd, FMTCLI_KERNEL="numpy")[0] for _ in range(args.repeat))
     os.unlink(tiny)
     results = {}
-    for name, command in (("baseline", baseline_cmd), ("fmtcli", ours_cmd)):
-        runs = [run(command) for _ in range(args.repeat)]
+    plan = (("baseline", baseline_cmd, {}), ("fmtcli", ours_cmd, {}),
+            ("numpy path", ours_cmd, {"FMTCLI_KERNEL": "numpy"}))
+    for name, command, env in plan:
+        runs = [run(command, **env) for _ in range(args.repeat)]
         wall = min(r[0] for r in runs)
         rss = max(r[1] for r in runs)
         results[name] = (wall, rss, runs[0][2])
@@ -99,6 +132,9 @@ def main() -> None:
             base_work = min(json.loads(r[2])["seconds"] for r in runs)
     base_wall, base_rss, base_out = results["baseline"]
     our_wall, our_rss, our_out = results["fmtcli"]
+    numpy_wall = results["numpy path"][0]
+    if json.loads(results["numpy path"][2]) != json.loads(our_out):
+        print("WARNING: the numpy path's JSON differs from the compiled kernel's")
     base = json.loads(base_out)
     ours = json.loads(our_out)["tensors"][0]["schemes"][0]
     print(f"input: {path}  {size / 2**20:.0f} MiB float32, {args.elements:,} elements; "
@@ -107,11 +143,29 @@ def main() -> None:
     for name, (wall, rss, _) in results.items():
         print(f"{name:10s} {wall:8.3f} {size / wall / 1e9:7.3f} {rss / 2**20:13.0f} "
               f"{rss / size:11.2f}")
-    print(f"throughput ratio fmtcli / baseline, whole processes: {base_wall / our_wall:.1f}x")
+    print(f"whole processes, fmtcli / baseline: {base_wall / our_wall:.1f}x (target >= 10x; "
+          f"numpy path {base_wall / numpy_wall:.1f}x)")
     our_work = our_wall - startup
-    print(f"without interpreter start-up: baseline {base_work:.3f} s (its own timing), "
-          f"fmtcli {our_work:.3f} s ({our_wall:.3f} - {startup:.3f} for "
-          f"the same command on 128 values): {base_work / our_work:.1f}x")
+    numpy_work = numpy_wall - startup_numpy
+    print(f"start-up (the same command on 128 values): fmtcli {startup:.3f} s, numpy path "
+          f"{startup_numpy:.3f} s")
+    print(f"work: baseline {base_work:.3f} s (its own timing), fmtcli {our_work:.3f} s = "
+          f"{size / our_work / 1e9:.2f} GB/s, numpy path {numpy_work:.3f} s = "
+          f"{size / numpy_work / 1e9:.2f} GB/s")
+    print(f"work throughput: fmtcli / numpy path {numpy_work / our_work:.2f}x (target >= 2x, "
+          f">= 1.3 GB/s); fmtcli / baseline {base_work / our_work:.1f}x")
+    if not args.no_dtypes:
+        rate32 = args.elements / our_work
+        for dtype in ("bfloat16", "float16"):
+            other = f"{path[:-4]}.{dtype}.npy"
+            if not os.path.exists(other):
+                subprocess.run([sys.executable, __file__, "--make-dtype", dtype, "--file", path],
+                               check=True)
+            cmd = [*ours_cmd[:4], other, *ours_cmd[5:]]
+            work = min(run(cmd)[0] for _ in range(args.repeat)) - startup
+            rate = args.elements / work
+            print(f"{dtype:9s} input: work {work:.3f} s = {rate / 1e6:.0f} M elements/s = "
+                  f"{rate / rate32:.2f}x float32's {rate32 / 1e6:.0f} M/s (target >= 1)")
     checks = [
         ("count", base["count"], ours["count"], 0.0),
         ("flushed_fraction", base["flushed_fraction"], ours["flushed_fraction"], 0.0),

@@ -81,6 +81,18 @@ def tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
     return amax.view(x.dtype)
 
 
+def chunk_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
+    """``tile_amax``, by the compiled kernel for a contiguous float32 chunk where it is
+    built (one pass, no padded copy), else by numpy."""
+    kernel = native.module()
+    if kernel is None or x.dtype != np.float32 or not x.flags.c_contiguous:
+        return tile_amax(x, tr, tc)
+    rows, cols = x.shape
+    out = np.empty((-(-rows // tr), -(-cols // tc)), np.float32)
+    kernel.tile_amax(x, rows, cols, tr, tc, out)
+    return out
+
+
 def tile_percentile(x: np.ndarray, tr: int, tc: int, q: float) -> np.ndarray:
     """The q-th percentile (in percent, linear interpolation) of |x| in every (tr x tc) tile
     of an unpadded chunk; a ragged edge tile counts only its own elements, and a tile
@@ -336,14 +348,11 @@ class ChunkKernel:
         return acc, local_scales, kept, facts
 
     def _tile_amax(self, xw: np.ndarray, x: np.ndarray, tr: int, tc: int) -> np.ndarray:
-        """``tile_amax`` of the working chunk, by the compiled kernel where it applies
-        (the unpadded float32 chunk: padding is zeros, which never raise an amax)."""
-        if self.native is None or x.dtype != np.float32 or not x.flags.c_contiguous:
+        """``tile_amax`` of the working chunk (``chunk_amax`` of the unpadded float32
+        chunk where the compiled kernel runs: padding is zeros, which never raise an amax)."""
+        if self.native is None or x.dtype != np.float32:
             return tile_amax(xw, tr, tc)
-        rows, cols = x.shape
-        out = np.empty((-(-rows // tr), -(-cols // tc)), np.float32)
-        self.native.tile_amax(x, rows, cols, tr, tc, out)
-        return out
+        return chunk_amax(x, tr, tc)
 
     def _run_native(self, x, xp, scale, tile, padding, hist, shared, x_max, in_range, amax):
         """The chunk by the compiled kernel: the same statistics as the numpy path below,

@@ -37,10 +37,10 @@ from .blocks import (
     exponent_counts,
     fraction_counts,
 )
-from .chunk import ChunkKernel, Plan, nvfp4_tensor_scale, scales_for, tile_amax
+from .chunk import ChunkKernel, Plan, chunk_amax, nvfp4_tensor_scale, scales_for
 from .cuda import quantize_on_gpu, route
 from .metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT, ErrorAccumulator
-from .parallel import default_workers, run_tasks, shared_array
+from .parallel import default_workers, run_tasks, shared_array, work_array
 from .results import (
     GroupResult,
     QuantizeResult,
@@ -84,9 +84,10 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
     targets = [p for p in plans if needs_first_pass(p)]
     widths = [-(-cols // p.tile[1]) if p.is_global else 1 for p in targets]
     workers = worker_count(workers, chunks)
-    partial = [shared_array((workers, w), reader.dtype) for w in widths]  # float64 stays
+    forks = workers > 1
+    partial = [work_array((workers, w), reader.dtype, forks) for w in widths]  # float64 stays
     percentile = [p for p in targets if p.scheme.scale_rule is ScaleRule.PERCENTILE]
-    hists = shared_array((workers, HIST_BINS), np.int64) if percentile else None
+    hists = work_array((workers, HIST_BINS), np.int64, forks) if percentile else None
 
     def task(index: int, worker: int) -> int:
         rs, cs = chunks[index]
@@ -96,12 +97,14 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
                 keys = np.right_shift(np.abs(x).astype(np.float32).view(np.uint32),
                                       HIST_SHIFT)
             hists[worker] += np.bincount(keys.reshape(-1), minlength=HIST_BINS)
-        for target, out in zip(targets, partial):
+        found: dict[int, np.ndarray] = {}  # by tile width: schemes that differ only in
+        for target, out in zip(targets, partial):  # their rule share one amax
             # a global tile spans the chunk's rows, and either its columns (per-column,
             # custom tiles) or the whole chunk (per-tensor; a long row's per-row; NVFP4)
             tc = target.tile[1] if target.is_global and out.shape[1] > 1 else x.shape[1]
-            amax = tile_amax(x, x.shape[0], tc).reshape(-1)
-            np.maximum(out[worker], amax, out=out[worker])  # NaN propagates
+            if tc not in found:
+                found[tc] = chunk_amax(x, x.shape[0], tc).reshape(-1)
+            np.maximum(out[worker], found[tc], out=out[worker])  # NaN propagates
         return x.size
 
     run_tasks(task, len(chunks), workers, progress)
@@ -230,25 +233,29 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
     kernels = [ChunkKernel(p, seed, b, d, source.name, worst, mse_only)
                for p, (b, d) in zip(plans, casts)]
     packed = len(ErrorAccumulator.PACKED)
-    records = shared_array((len(chunks), len(plans), packed), np.float64)
     n_workers = worker_count(workers, chunks)
-    hists = shared_array((n_workers, len(plans), HIST_BINS), np.int64)
+    forks = n_workers > 1
+    records = work_array((len(chunks), len(plans), packed), np.float64, forks)
+    # mse_only: no histogram (an accumulator whose chunk falls back to the full statistics
+    # makes its own, unused: mse() reads the sums alone)
+    hists = (None if mse_only else
+             work_array((n_workers, len(plans), HIST_BINS), np.int64, forks))
     # per-block facts: scalars per chunk, the flushed-fraction histogram per worker, and the
     # worst blocks of each chunk (merged in chunk order, like everything else)
-    block_records = shared_array((len(chunks), len(plans), len(BlockAccumulator.PACKED)),
-                                 np.int64)
-    fractions = shared_array((n_workers, len(plans), FRACTION_BINS), np.int64)
+    block_records = work_array((len(chunks), len(plans), len(BlockAccumulator.PACKED)),
+                               np.int64, forks)
+    fractions = work_array((n_workers, len(plans), FRACTION_BINS), np.int64, forks)
     # a chunk cannot hold more blocks than values: the rows kept per chunk are bounded by
     # its size, whatever --worst-blocks asks for
     per_chunk = min(worst, max((-(-(rs.stop - rs.start) // p.tile[0]))
                                * (-(-(cs.stop - cs.start) // p.tile[1]))
                                for p in plans for rs, cs in chunks))  # blocks in a chunk
-    worst_rows = shared_array((len(chunks), len(plans), per_chunk, len(WORST_FIELDS)),
-                              np.float64) if worst else None
+    worst_rows = work_array((len(chunks), len(plans), per_chunk, len(WORST_FIELDS)),
+                            np.float64, forks) if worst else None
     long_row = rows == 1 and len(chunks) > 1
     grids = [None if p.is_global else
-             shared_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
-                          np.float64 if p.scheme.product is Product.EXACT else np.float32)
+             work_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
+                        np.float64 if p.scheme.product is Product.EXACT else np.float32, forks)
              for p in plans]
 
     def task(index: int, worker: int) -> int:
@@ -257,7 +264,7 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         shared: dict = {}
         for i, kernel in enumerate(kernels):
             acc, scales, kept, facts = kernel.run(x, (rs.start, cs.start, cols),
-                                                  hists[worker, i],
+                                                  None if hists is None else hists[worker, i],
                                                   keep_mode if keep == i else None, shared)
             acc.pack(records[index, i])
             if scales is not None:
@@ -281,9 +288,13 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
               (lambda done: progress(offset + done, total)) if progress else None)
     results = []
     for i, plan in enumerate(plans):
-        acc = ErrorAccumulator(hist=hists[:, i].sum(axis=0))
+        acc = ErrorAccumulator(hist=None if hists is None else
+                               hists[0, i].copy() if n_workers == 1 else hists[:, i].sum(axis=0))
         for index in range(len(chunks)):
             acc.merge(ErrorAccumulator.unpack(records[index, i]), hist=False)
+        if mse_only:  # the squared errors are all a search asks of this run
+            results.append(SchemeRun(plan.scheme, acc, ScaleSummary()))
+            continue
         summary = ScaleSummary()
         grid = plan.scales if plan.is_global else grids[i]
         summary.add(grid)

@@ -37,6 +37,13 @@ def shared_array(shape, dtype, fill=0) -> np.ndarray:
     return arr
 
 
+def work_array(shape, dtype, shared: bool) -> np.ndarray:
+    """A zero-filled array for task results: ``shared_array`` where forked workers write
+    it, else ordinary memory (a fresh shared map costs a page fault per page on first
+    touch, which for the many small tensors of a checkpoint cost more than their work)."""
+    return shared_array(shape, dtype) if shared else np.zeros(shape, dtype)
+
+
 def can_fork() -> bool:
     return hasattr(os, "fork") and hasattr(os, "waitpid")
 
