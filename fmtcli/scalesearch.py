@@ -33,10 +33,11 @@ import numpy as np
 from .backends import Backend, Device
 from .choices import HISTORY, Metric
 from .errors import UsageError, shown
-from .quantize import quantize, quantize_tensor
-from .quantize.chunk import tile_amax
+from .quantize import quantize_tensor, quantize_totals
+from .quantize.chunk import chunk_amax
+from .quantize.engine import worker_count
 from .quantize.metrics import ErrorAccumulator
-from .quantize.parallel import default_workers, run_tasks, shared_array
+from .quantize.parallel import default_workers, run_tasks, work_array
 from .quantize.results import ScaleSummary, SchemeStats
 from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 from .scaling import ScaleRule
@@ -137,16 +138,16 @@ def content_of(source: TensorSource, *, chunk_elements: int = CHUNK_ELEMENTS,
     try:
         rows, cols = matrix_shape(source.shape)
         chunks = chunk_slices(rows, cols, [], chunk_elements)
-        workers = max(1, min(workers, len(chunks)))
-        amax = shared_array((workers,), np.float64)
-        counts = shared_array((workers, 2), np.int64)
+        workers = worker_count(workers, chunks)  # a small tensor: no fork
+        amax = work_array((workers,), np.float64, workers > 1)
+        counts = work_array((workers, 2), np.int64, workers > 1)
 
         def task(index: int, worker: int) -> int:
             x = reader.read(*chunks[index])
             finite = np.isfinite(x)
             counts[worker] += (np.count_nonzero(finite & (x != 0)), x.size
                                - np.count_nonzero(finite))
-            amax[worker] = np.maximum(amax[worker], tile_amax(x, *x.shape)[0, 0])  # NaN stays
+            amax[worker] = np.maximum(amax[worker], chunk_amax(x, *x.shape)[0, 0])  # NaN stays
             return x.size
 
         run_tasks(task, len(chunks), workers)
@@ -206,10 +207,7 @@ def _rule_candidates(base: Scheme, per_column: bool) -> tuple[list[tuple[str, Sc
 
 def _evaluate(sources: list[TensorSource], schemes: list[Scheme], **options) -> list[SchemeStats]:
     """Statistics of each scheme over all the tensors (their total when there are several)."""
-    result = quantize(sources, schemes, **options)
-    if result.total is not None:
-        return list(result.total)
-    return list(result.quantized[0].schemes)
+    return quantize_totals(sources, schemes, **options)
 
 
 def _mse_values(sources: list[TensorSource], schemes: list[Scheme], **options) -> list[float]:

@@ -4,7 +4,8 @@
 (``fmtcli.schemes``), streamed in chunks over worker processes, or in one fused CUDA
 kernel.  The rooms:
 
-- ``engine``  -- ``quantize`` (many tensors, a total, ``--out``) and ``quantize_tensor``;
+- ``engine``  -- ``quantize`` (many tensors, a total, ``--out``), ``quantize_tensor`` and
+  ``quantize_totals`` (the totals alone, for searches);
 - ``stream``  -- the chunk grid and reader (shared with scale-search and loss-scale);
 - ``chunk``   -- the arithmetic of one chunk under one scheme;
 - ``metrics`` -- the mergeable error accumulator (exact histogram quantiles);
@@ -15,9 +16,9 @@ kernel.  The rooms:
   ``torch_cuda`` -- the fused kernel (``quantize_stats.cu``) and the torch API it needs.
 """
 
-from .engine import quantize, quantize_tensor
+from .engine import quantize, quantize_tensor, quantize_totals
 from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
 from .stream import CHUNK_ELEMENTS
 
 __all__ = ["CHUNK_ELEMENTS", "QuantizeResult", "ScaleSummary", "SchemeStats", "TensorResult",
-           "quantize", "quantize_tensor"]
+           "quantize", "quantize_tensor", "quantize_totals"]

@@ -46,6 +46,7 @@ from .results import (
     QuantizeResult,
     ScaleSummary,
     SchemeRun,
+    SchemeStats,
     TensorResult,
     top_blocks,
 )
@@ -317,6 +318,24 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         grid = plans[keep].scales if plans[keep].is_global else grids[keep]
         kept = (np.array(grid), plans[keep].tile)
     return results, kept
+
+
+def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],
+                    **options) -> list[SchemeStats]:
+    """Each scheme's statistics over all the usable tensors: what ``quantize`` reports as
+    its ``total`` (or, for one tensor, that tensor's), merged in the same order, without the
+    per-tensor and per-group results that a search of many candidates does not read.
+    ``options``: those of ``quantize_tensor``."""
+    keep_freed_memory()
+    usable = [s for s in sources if s.skipped is None]
+    totals = [SchemeRun.empty(s) for s in schemes]
+    for source in usable:
+        runs, _ = quantize_tensor(source, schemes, **options)
+        if len(usable) == 1:
+            return [run.stats() for run in runs]
+        for total, run in zip(totals, runs):
+            total.merge(run)
+    return [run.stats() for run in totals]
 
 
 def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 0,
