@@ -213,11 +213,11 @@ typedef struct {
 } Found;
 
 /* Stage one of a tile row: branch-free, vectorised.  Writes err (float32, for the sums)
- * and each value's histogram key (the top 16 bits of the float32 |err| / |x|); counts in
- * *f.  Values past fmax are set to it (fmax inf: values known to stay in range). */
+ * and each value's histogram key (the top 16 bits of the float32 |err| / |x|), and
+ * near[k] = 1 where that relative error lies within EDGE_ULPS of a bin edge; counts in *f.  Values past fmax are set to it (fmax inf: values known to stay in range). */
 VECTOR_CLONES
 static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float *err,
-                      uint32_t *keys, Found *f)
+                      uint32_t *keys, uint8_t *near, Found *f)
 {
     uint32_t past = 0, maxbits = f->maxbits, zeros = 0, flushed = 0, edges = 0;
     uint32_t kmin = f->kmin, kmax = f->kmax, relmax = f->relmax, seen = 0;
@@ -248,7 +248,10 @@ static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float 
         flushed += zero & (uint32_t)(v != 0.0f);
         /* 0 < rel < inf (NaN's bits lie above inf's), x_q nonzero, low bits near an edge */
         uint32_t finite = (uint32_t)(rb - 1u < 0x7F7FFFFFu);
-        edges += finite & (1u - zero) & (uint32_t)(((rb + EDGE_ULPS) & 0xFFFFu) < 2 * EDGE_ULPS);
+        uint32_t edge = finite & (1u - zero)
+                        & (uint32_t)(((rb + EDGE_ULPS) & 0xFFFFu) < 2 * EDGE_ULPS);
+        edges += edge;
+        near[k] = (uint8_t)edge;
         uint32_t ordered = (uint32_t)(rb <= 0x7F800000u); /* not NaN (0/0) */
         uint32_t ranked = rb & (0u - ordered);
         relmax = ranked > relmax ? ranked : relmax;
@@ -281,22 +284,18 @@ static float quantize_one(float v, float s, Rounding rd)
 
 static uint32_t exact_key(float q, float v);
 
-/* Stage two (rare): the relative errors within EDGE_ULPS of a bin edge get their exact
- * keys (metrics._bin_keys). */
-static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd, const float *err,
-                       uint32_t *keys, Found *f)
+/* Stage two (rare): the relative errors within EDGE_ULPS of a bin edge (near[k]) get their
+ * exact keys (metrics._bin_keys). */
+static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd,
+                       const uint8_t *near, uint32_t *keys, Found *f)
 {
     for (Py_ssize_t k = 0; k < n; k++) {
-        uint32_t rb = bits_of(fabsf(err[k]) / fabsf(x[k]));
-        if (rb - 1u < 0x7F7FFFFFu && ((rb + EDGE_ULPS) & 0xFFFFu) < 2 * EDGE_ULPS) {
-            float q = quantize_one(x[k], s, rd);
-            if (q != 0.0f) {
-                uint32_t key = exact_key(q, x[k]);
-                keys[k] = key;
-                f->kmin = key < f->kmin ? key : f->kmin;
-                f->kmax = key > f->kmax ? key : f->kmax;
-            }
-        }
+        if (!near[k]) continue;
+        float q = quantize_one(x[k], s, rd);
+        uint32_t key = exact_key(q, x[k]);
+        keys[k] = key;
+        f->kmin = key < f->kmin ? key : f->kmin;
+        f->kmax = key > f->kmax ? key : f->kmax;
     }
 }
 
@@ -397,6 +396,7 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
         Rounding rd = {low, high, shift, fmax};
         Found f = {0, 0, 0, 0, 0, HIST_BINS, 0, 0, 0};
         uint32_t keys[BLOCK_MAX];
+        uint8_t near[BLOCK_MAX];
         if (have_f) memset(flushed, 0, (size_t)(nbr * nbc) * 8);
         if (have_t) memset(block_saturated, 0, (size_t)(nbr * nbc) * 8);
         if (have_m)
@@ -419,8 +419,8 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
                     uint32_t past = f.past, flushed_before = f.flushed, edges = f.edges;
                     f.relmax = 0;
                     f.seen = 0;
-                    stage_one(xv, s, len, rd, ev, keys, &f);
-                    if (f.edges != edges) redo_edges(xv, s, len, rd, ev, keys, &f);
+                    stage_one(xv, s, len, rd, ev, keys, near, &f);
+                    if (f.edges != edges) redo_edges(xv, s, len, rd, near, keys, &f);
                     add_keys(keys, len);
                     if (block_saturated) block_saturated[brow + bj] += f.past - past;
                     if (flushed) flushed[brow + bj] += f.flushed - flushed_before;

@@ -444,7 +444,7 @@ class ChunkKernel:
         saturating = 0
         if saturated_at is not None and saturated_at.size:
             a, _, c, _ = np.unravel_index(saturated_at, shape4)
-            saturating = int(np.unique(a * shape4[2] + c).size)
+            saturating = int(np.count_nonzero(np.bincount(a * shape4[2] + c)))
         tr, tc = shape4[1], shape4[3]
         facts = BlockFacts(flushed, block_sizes(shape[0], shape[1], tr, tc), saturating,
                            amax, scale)

@@ -24,6 +24,18 @@ from .metrics import HIST_BINS, REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_s
 DISTINCT_CAP = 1 << 16
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a 1-D array, sorted (``np.unique`` without its import of
+    ``numpy.ma``, 7 ms of every run's start-up in numpy 2.4)."""
+    ordered = np.sort(values)
+    if ordered.size < 2:
+        return ordered
+    first = np.empty(ordered.size, bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first]
+
+
 @dataclass
 class ScaleSummary:
     """Running min / max / distinct count of the scales used (distinct is capped).  Scales
@@ -62,12 +74,12 @@ class ScaleSummary:
             return
         step = DISTINCT_CAP + 1  # a slice this long already tells whether the cap is passed
         for start in range(0, finite.size, step):
-            if self._fold(np.unique(finite[start:start + step])):
+            if self._fold(distinct(finite[start:start + step])):
                 return
 
     def _fold(self, sorted_values: np.ndarray) -> bool:
         """Merge distinct values in; True once the cap is passed."""
-        self.values = np.union1d(self.values, sorted_values.astype(np.float64))
+        self.values = distinct(np.concatenate([self.values, sorted_values.astype(np.float64)]))
         if self.values.size > DISTINCT_CAP:
             self.capped, self.values = True, np.zeros(0, np.float64)
         return self.capped
