@@ -215,9 +215,12 @@ class ChunkKernel:
         self.plain = (self.spec.signed and self.spec.has_zero
                       and self.spec.specials is not Specials.FNUZ)
         # the compiled kernel (native.py) takes what the magic-number rounding of a float32
-        # product does, on the numpy backend, for formats whose only range rule is max
+        # product does, on the numpy backend, for formats whose only range rule is max; fnuz
+        # formats too (their -0 becomes +0, which no statistic tells apart; codes are never
+        # written by the kernel)
         self.native = (native.module() if self.fast and not self.wide and not self.exact
-                       and self.plain and backend is Backend.NUMPY else None)
+                       and self.spec.signed and self.spec.has_zero
+                       and backend is Backend.NUMPY else None)
         # values past max saturate (the policy, or a format with no inf or NaN)
         self.saturates = (plan.scheme.overflow is OverflowPolicy.SATURATE
                           or not (self.spec.has_inf or self.spec.has_nan))
