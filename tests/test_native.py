@@ -408,9 +408,6 @@ MSE_SCHEMES = {"block 128": build_scheme(block=128), "fp4 block 32": build_schem
                                              overflow=OverflowPolicy.IEEE),
                "mxfp8": build_scheme(recipe="mxfp8"), "mxfp4": build_scheme(recipe="mxfp4"),
                "clipping margin": build_scheme(block=128, margin=-2)}
-SATURATED_MISMATCH = ("mse_only: the compiled path sets acc.saturated (chunk.py _run_native: "
-                      "acc.saturated = saturated) where the numpy path leaves it 0 "
-                      "(ErrorAccumulator._add_squared_errors never adds it)")
 
 
 def mse_state(monkeypatch, probe, x, scheme, skip=()):
@@ -439,10 +436,10 @@ def test_mse_only_gives_the_same_mse_and_squared_errors(monkeypatch, probe, name
         assert probe.done(0) > 0
 
 
+# (mxfp8, mxfp4 and the clipping margin saturate values: the compiled path once counted
+# them under mse_only, where the numpy path counts nothing)
 @pytest.mark.parametrize("label", [
-    "block 128", "fp4 block 32", "per-tensor",
-    *(pytest.param(label, marks=pytest.mark.xfail(strict=True, reason=SATURATED_MISMATCH))
-      for label in ("mxfp8", "mxfp4", "clipping margin"))])
+    "block 128", "fp4 block 32", "per-tensor", "mxfp8", "mxfp4", "clipping margin"])
 def test_mse_only_accumulators_are_identical_field_for_field(monkeypatch, probe, label):
     compiled, reference = mse_state(monkeypatch, probe, dataset("normal"), MSE_SCHEMES[label])
     assert probe.done(0) > 0
@@ -752,21 +749,11 @@ def bad_calls():
     }
 
 
-# Bad arguments that crash the process (found by these tests; run in a child process, so
-# that the crash fails the test instead of taking pytest down).
-CRASHES = {
-    "widen_f16 float32 in": "widen_f16 checks the half buffer with get_buffer(..., format "
-                            "NULL, ...): its error message formats that NULL with %s "
-                            "(PyErr_Format) and crashes instead of raising ValueError",
-    "widen_f16 n wrong": "same NULL %s in get_buffer's ValueError message for widen_f16's "
-                         "half buffer",
-    "rows * cols overflows": "quantize_chunk computes rows * cols (and nbr * nbc) in "
-                             "Py_ssize_t unchecked: 2**32 * 2**32 wraps to 0, an empty "
-                             "buffer passes the size check and the loops read past it "
-                             "(SIGSEGV)",
-    "tile_amax rows * cols overflows": "tile_amax: the same unchecked rows * cols wraps to "
-                                       "0 (SIGSEGV)",
-}
+# Bad arguments that crashed the process (found by these tests: a NULL format in an error
+# message, rows * cols wrapping to 0), run in a child process, so that a crash fails the
+# test instead of taking pytest down.
+CRASHES = ("widen_f16 float32 in", "widen_f16 n wrong", "rows * cols overflows",
+           "tile_amax rows * cols overflows")
 
 
 @pytest.mark.parametrize("case", [case for case in bad_calls() if case not in CRASHES])
@@ -790,8 +777,7 @@ except (ValueError, TypeError, BufferError, OverflowError):
 """
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.xfail(
-    strict=True, reason=reason)) for case, reason in CRASHES.items()])
+@pytest.mark.parametrize("case", CRASHES)
 def test_bad_arguments_that_crashed_raise_in_a_child_process(case):
     needs_kernel()
     child = CHILD.format(tests=str(Path(__file__).parent), case=case)

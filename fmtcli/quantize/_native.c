@@ -82,16 +82,31 @@ static double sum_of_squares(const float *a, Py_ssize_t n, double largest)
 
 /* ---- buffers ---- */
 
+/* rows * cols, or -1 (with ValueError set) where a dimension is negative or the product
+ * overflows */
+static Py_ssize_t checked_size(Py_ssize_t rows, Py_ssize_t cols)
+{
+    if (rows < 0 || cols < 0 || (rows && cols > PY_SSIZE_T_MAX / 4 / rows)) {
+        PyErr_SetString(PyExc_ValueError, "bad shape");
+        return -1;
+    }
+    return rows * cols;
+}
+
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *format,
                       Py_ssize_t itemsize, Py_ssize_t count, const char *what)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (count < 0 || count > PY_SSIZE_T_MAX / itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: bad length", what);
+        return -1;
+    }
     if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
     if (view->itemsize != itemsize || view->len != count * itemsize
         || (format && view->format && strcmp(view->format, format) != 0
             && !(format[0] == 'q' && strcmp(view->format, "l") == 0 && sizeof(long) == 8))) {
-        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of type %s", what, count,
-                     format);
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes%s%s", what,
+                     count, itemsize, format ? " of type " : "", format ? format : "");
         PyBuffer_Release(view);
         return -1;
     }
@@ -124,13 +139,15 @@ static PyObject *tile_amax(PyObject *self, PyObject *args)
     PyObject *xo, *oo;
     Py_ssize_t rows, cols, tr, tc;
     if (!PyArg_ParseTuple(args, "OnnnnO", &xo, &rows, &cols, &tr, &tc, &oo)) return NULL;
-    if (rows < 0 || cols < 0 || tr < 1 || tc < 1) {
+    Py_ssize_t n = checked_size(rows, cols);
+    if (n < 0) return NULL;
+    if (tr < 1 || tc < 1) {
         PyErr_SetString(PyExc_ValueError, "bad shape");
         return NULL;
     }
     Py_ssize_t nbr = (rows + tr - 1) / tr, nbc = (cols + tc - 1) / tc;
     Py_buffer xb, ob;
-    if (get_buffer(xo, &xb, 0, "f", 4, rows * cols, "x") < 0) return NULL;
+    if (get_buffer(xo, &xb, 0, "f", 4, n, "x") < 0) return NULL;
     if (get_buffer(oo, &ob, 1, "f", 4, nbr * nbc, "out") < 0) {
         PyBuffer_Release(&xb);
         return NULL;
@@ -363,7 +380,9 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "a padded chunk of whole tiles is expected");
         return NULL;
     }
-    Py_ssize_t nbr = rows / tr, nbc = cols / tc, n = rows * cols;
+    Py_ssize_t n = checked_size(rows, cols);
+    if (n < 0) return NULL;
+    Py_ssize_t nbr = rows / tr, nbc = cols / tc;
     int full = ho != Py_None; /* every statistic, else the squared errors alone */
     Py_buffer xb, sb, eb, hb = {0}, fb = {0}, mb = {0}, tb = {0};
     int have_h = 0, have_f = 0, have_m = 0, have_t = 0;

@@ -410,10 +410,10 @@ class ChunkKernel:
         acc = ErrorAccumulator(hist=hist)
         size = xp.size - padding
         acc.count = acc.finite_pairs = size
-        acc.saturated = saturated
         acc.max_abs_err = max_err
         acc.sum_err2 = sum_err2
-        if not self.mse_only:
+        if not self.mse_only:  # (mse_only: the squared errors alone, as the numpy path)
+            acc.saturated = saturated
             acc.sum_err = sum_err
             if "sum_x2" not in shared:  # as ErrorAccumulator._add takes it, over the raw chunk
                 raw = np.ascontiguousarray(x)
