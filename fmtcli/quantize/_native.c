@@ -276,7 +276,7 @@ static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float 
                         & (uint32_t)(((rb + EDGE_ULPS) & 0xFFFFu) < 2 * EDGE_ULPS)
                         & ((1u - exact_err) | on_edge);
         edges += edge;
-        near[k] = (uint8_t)edge;
+        near[k] = (uint8_t)(edge * (2u - exact_err)); /* 1: err exact, on an edge; 2: redo */
         uint32_t ordered = (uint32_t)(rb <= 0x7F800000u); /* not NaN (0/0) */
         uint32_t ranked = rb & (0u - ordered);
         relmax = ranked > relmax ? ranked : relmax;
@@ -311,13 +311,21 @@ static uint32_t exact_key(float q, float v);
 
 /* Stage two (rare): the relative errors within EDGE_ULPS of a bin edge (near[k]) get their
  * exact keys (metrics._bin_keys). */
-static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd,
+static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd, const float *err,
                        const uint8_t *near, uint32_t *keys, Found *f)
 {
     for (Py_ssize_t k = 0; k < n; k++) {
         if (!near[k]) continue;
-        float q = quantize_one(x[k], s, rd);
-        uint32_t key = exact_key(q, x[k]);
+        uint32_t key;
+        if (near[k] == 1) {
+            /* err exact and |err| / |x| rounded onto the edge E: the true quotient lies in
+             * E's bin unless |err| < E |x| (a float64 product of 8 and 24 bits: exact) */
+            key = keys[k];
+            double edge = (double)float_of(key << HIST_SHIFT);
+            if ((double)fabsf(err[k]) < edge * (double)fabsf(x[k])) key -= 1;
+        } else {
+            key = exact_key(quantize_one(x[k], s, rd), x[k]);
+        }
         keys[k] = key;
         f->kmin = key < f->kmin ? key : f->kmin;
         f->kmax = key > f->kmax ? key : f->kmax;
@@ -447,7 +455,7 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
                     f.relmax = 0;
                     f.seen = 0;
                     stage_one(xv, s, len, rd, ev, keys, near, &f);
-                    if (f.edges != edges) redo_edges(xv, s, len, rd, near, keys, &f);
+                    if (f.edges != edges) redo_edges(xv, s, len, rd, ev, near, keys, &f);
                     add_keys(keys, len);
                     if (block_saturated) block_saturated[brow + bj] += f.past - past;
                     if (flushed) flushed[brow + bj] += f.flushed - flushed_before;
