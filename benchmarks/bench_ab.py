@@ -19,28 +19,23 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchfiles import BENCH_FILE, ROOT, child_env, ensure_bench_file, tiny_file
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="the other checkout's root")
     parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--file", default=os.path.join("/tmp", f"fmtcli-bench-{1 << 26}.npy"))
+    parser.add_argument("--file", default=BENCH_FILE)
     parser.add_argument("extra", nargs="*")
     args = parser.parse_args()
-    if not os.path.exists(args.file):
-        subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_quantize.py"),
-                        "--make", "--file", args.file], check=True)
-    tiny = args.file + ".tiny.npy"
-    np.save(tiny, np.linspace(-1, 1, 128, dtype=np.float32))
+    ensure_bench_file(args.file)
+    tiny = tiny_file(args.file)
     trees = {"before": os.path.abspath(args.before), "after": ROOT}
     times: dict[str, dict[str, list[float]]] = {k: {"work": [], "start": []} for k in trees}
     for _ in range(args.repeat):
         for name, tree in trees.items():
-            env = dict(os.environ, PYTHONPATH=tree)
+            env = child_env(PYTHONPATH=tree)
             for kind, path in (("work", args.file), ("start", tiny)):
                 command = [sys.executable, "-m", "fmtcli", "quantize", path, "--block", "128",
                            "--compare", "none", "--json", *args.extra]

@@ -35,8 +35,8 @@ import sys
 import time
 
 import numpy as np
+from benchfiles import ROOT, child_env, tiny_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAIVE = os.path.join(ROOT, "..", "shared", "bench", "naive_quantize.py")
 
 
@@ -57,17 +57,11 @@ def make_tensor(path: str, elements: int, seed: int = 0) -> None:
     del out
 
 
-# as an installed package runs: its modules' bytecode cached (a development shell may set
-# PYTHONDONTWRITEBYTECODE, which makes every run compile fmtcli's sources again: ~50 ms)
-CHILD_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE",
-                                                               "FMTCLI_KERNEL")}
-
-
 def run(command: list[str], **env: str) -> tuple[float, int, str]:
     """Wall seconds, peak RSS in bytes and stdout of one process (``env``: added)."""
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**CHILD_ENV, **env})
+                            env=child_env(**env))
     stdout = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -113,8 +107,7 @@ def main() -> None:
     baseline_cmd = [sys.executable, args.naive, path, "128", "float8_e4m3fn"]
     ours_cmd = [sys.executable, "-m", "fmtcli", "quantize", path, "--block", "128",
                 "--format", "float8_e4m3fn", "--compare", "none", "--json"]
-    tiny = path + ".tiny.npy"
-    np.save(tiny, np.linspace(-1, 1, 128, dtype=np.float32))
+    tiny = tiny_file(path)
     tiny_cmd = [*ours_cmd[:4], tiny, *ours_cmd[5:]]
     run(tiny_cmd)  # warm-up: writes the bytecode cache
     startup = min(run(tiny_cmd)[0] for _ in range(args.repeat))

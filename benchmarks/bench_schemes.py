@@ -19,9 +19,8 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+from benchfiles import BENCH_FILE, child_env, ensure_bench_file, tiny_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMES = {
     "block 128 E4M3": ["--block", "128"],
     "per-tensor E4M3": ["--per", "tensor"],
@@ -32,15 +31,12 @@ SCHEMES = {
     "NVFP4 (two-level)": ["--recipe", "nvfp4"],
     "block 128 E4M3 fnuz": ["--block", "128", "--format", "float8_e4m3fnuz"],
 }
-ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE",
-                                                        "FMTCLI_KERNEL")}
-
 
 def run(path: str, args: list[str], kernel: str) -> tuple[float, str]:
-    env = dict(ENV, FMTCLI_KERNEL=kernel)
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "fmtcli", "quantize", path, *args,
-                          "--compare", "none", "--json"], env=env, check=True,
+                          "--compare", "none", "--json"], env=child_env(FMTCLI_KERNEL=kernel),
+                         check=True,
                          capture_output=True, cwd="/tmp").stdout
     return time.perf_counter() - start, out.decode()
 
@@ -48,13 +44,10 @@ def run(path: str, args: list[str], kernel: str) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--file", default=os.path.join("/tmp", f"fmtcli-bench-{1 << 26}.npy"))
+    parser.add_argument("--file", default=BENCH_FILE)
     args = parser.parse_args()
-    if not os.path.exists(args.file):
-        subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_quantize.py"),
-                        "--make", "--file", args.file], check=True)
-    tiny = args.file + ".tiny.npy"
-    np.save(tiny, np.linspace(-1, 1, 128, dtype=np.float32))
+    ensure_bench_file(args.file)
+    tiny = tiny_file(args.file)
     run(tiny, [], "")  # warm-up: the bytecode cache
     start = min(run(tiny, [], k)[0] for k in ("", "numpy") for _ in range(args.repeat))
     os.unlink(tiny)

@@ -8,6 +8,7 @@ together with the arrays it must find.  .safetensors go through oracle's hand-wr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -84,3 +85,16 @@ def write_input(kind: str, tmp_path: Path, seed: int = 5):
         (d / "notes.md").write_text("not a tensor")
         return [d], [a, b], None
     raise ValueError(kind)
+
+
+def facenet_weights() -> Path:
+    """The folder of MTCNN's weights in the installed facenet-pytorch wheel (located, not
+    imported: the package's own imports need torchvision).  ``pip install --no-deps
+    facenet-pytorch`` (its pinned dependencies would replace torch and numpy)."""
+    spec = importlib.util.find_spec("facenet_pytorch")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("facenet-pytorch is not installed (pip install --no-deps facenet-pytorch)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    if not (folder / "pnet.pt").is_file():
+        pytest.skip("facenet-pytorch installed without its data/ weights")
+    return folder

@@ -234,3 +234,13 @@ def test_many_worst_blocks_asked_for_cost_no_more_than_the_blocks_there_are():
     assert len({(w.row, w.column) for w in result.worst_blocks}) == 32 * 4
     keys = [(-w.flushed, -w.max_rel_error) for w in result.worst_blocks]
     assert keys == sorted(keys)
+
+
+def test_worst_blocks_of_a_block_scheme_before_a_tile_spanning_every_row():
+    # Building the results once overwrote the tensor's row count with the worst-block rows
+    # found, so the next scheme's one-block check raised "truth value of an array".
+    x = data()  # 48 rows: a 64 x 4 tile spans every row, which makes its scales global
+    result = quantize([source(x)], [build_scheme(block=128), build_scheme(tile="64x4")],
+                      worst_blocks=3)
+    assert len(result.quantized[0].schemes) == 2
+    assert [w.scheme for w in result.worst_blocks] == ["block 128"] * 3

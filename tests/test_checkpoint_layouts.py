@@ -8,7 +8,6 @@ facenet-pytorch wheel ships them) reads like the same tensors saved to .npz.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import warnings
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import assert_data_error, invoke, quantize_json, succeeds
+from inputs import facenet_weights
 from oracle import heavy_tailed, write_safetensors
 
 import fmtcli.tensors
@@ -354,19 +354,6 @@ def test_an_explicit_bin_that_is_not_a_checkpoint_is_one_error_line(tmp_path):
 
 
 # -- a real public checkpoint ---------------------------------------------------------------------
-
-def facenet_weights() -> Path:
-    """The folder of MTCNN's weights in the installed facenet-pytorch wheel (located, not
-    imported: the package's own imports need torchvision).  ``pip install --no-deps
-    facenet-pytorch`` (its pinned dependencies would replace torch and numpy)."""
-    spec = importlib.util.find_spec("facenet_pytorch")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("facenet-pytorch is not installed (pip install --no-deps facenet-pytorch)")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
-    if not (folder / "pnet.pt").is_file():
-        pytest.skip("facenet-pytorch installed without its data/ weights")
-    return folder
-
 
 @pytest.mark.parametrize("net", ["pnet", "rnet", "onet"])
 def test_mtcnn_weights_from_the_facenet_pytorch_wheel_read_like_the_same_tensors_in_npz(

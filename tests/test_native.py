@@ -16,7 +16,6 @@ without it the comparison tests skip where the extension is not built.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from inputs import facenet_weights
 from oracle import write_safetensors
 
 from fmtcli.choices import Granularity
@@ -447,18 +447,6 @@ def test_mse_only_accumulators_are_identical_field_for_field(monkeypatch, probe,
 
 
 # -- real checkpoint data, and float16 / bfloat16 files ---------------------------------------
-
-def facenet_weights() -> Path:
-    """MTCNN's weights in the installed facenet-pytorch wheel (as test_checkpoint_layouts
-    finds them: located, not imported)."""
-    spec = importlib.util.find_spec("facenet_pytorch")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("facenet-pytorch is not installed (pip install --no-deps facenet-pytorch)")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
-    if not (folder / "pnet.pt").is_file():
-        pytest.skip("facenet-pytorch installed without its data/ weights")
-    return folder
-
 
 CHECKPOINT_SCHEMES = [0, 1, 3, 4, 6, 7, 8, 9, 12]
 

@@ -229,9 +229,29 @@ typedef struct {
     uint32_t seen;      /* relative errors that are not NaN */
 } Found;
 
+static uint32_t exact_key(float q, float v);
+
+/* One value's x_q = round(v * s) / s, nearest-even by the magic number (rounding.
+ * round_float32_nearest_even), saturated at fmax; adds 1 to *past for a value whose
+ * rounding lay past fmax.  Inlined into the vectorised loops. */
+static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past)
+{
+    uint32_t b = bits_of(v * s);
+    uint32_t mag = b & 0x7FFFFFFFu;
+    uint32_t e = mag & 0x7F800000u;
+    e = e < rd.low ? rd.low : e;
+    e = e > rd.high ? rd.high : e;
+    float m = float_of(e + rd.shift);
+    float r = (float_of(mag) + m) - m;
+    *past += (uint32_t)(r > rd.fmax);
+    r = r > rd.fmax ? rd.fmax : r;
+    return float_of(bits_of(r) | (b & 0x80000000u)) / s;
+}
+
 /* Stage one of a tile row: branch-free, vectorised.  Writes err (float32, for the sums)
  * and each value's histogram key (the top 16 bits of the float32 |err| / |x|), and
- * near[k] = 1 where that relative error lies within EDGE_ULPS of a bin edge; counts in *f.  Values past fmax are set to it (fmax inf: values known to stay in range). */
+ * near[k] (nonzero) where that relative error lies within EDGE_ULPS of a bin edge; counts
+ * in *f.  Values past fmax are set to it (fmax inf: values known to stay in range). */
 VECTOR_CLONES
 static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float *err,
                       uint32_t *keys, uint8_t *near, Found *f)
@@ -240,16 +260,7 @@ static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float 
     uint32_t kmin = f->kmin, kmax = f->kmax, relmax = f->relmax, seen = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         float v = x[k];
-        uint32_t b = bits_of(v * s);
-        uint32_t mag = b & 0x7FFFFFFFu;
-        uint32_t e = mag & 0x7F800000u;
-        e = e < rd.low ? rd.low : e;
-        e = e > rd.high ? rd.high : e;
-        float m = float_of(e + rd.shift);
-        float r = (float_of(mag) + m) - m;
-        past += (uint32_t)(r > rd.fmax);
-        r = r > rd.fmax ? rd.fmax : r;
-        float q = float_of(bits_of(r) | (b & 0x80000000u)) / s;
+        float q = quantize_value(v, s, rd, &past);
         float d = q - v;
         float ad = fabsf(d);
         err[k] = d;
@@ -293,22 +304,6 @@ static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float 
     f->seen += seen;
 }
 
-/* One value's x_q, exactly as stage one computes it. */
-static float quantize_one(float v, float s, Rounding rd)
-{
-    uint32_t b = bits_of(v * s);
-    uint32_t mag = b & 0x7FFFFFFFu;
-    uint32_t e = mag & 0x7F800000u;
-    e = e < rd.low ? rd.low : e;
-    e = e > rd.high ? rd.high : e;
-    float m = float_of(e + rd.shift);
-    float r = (float_of(mag) + m) - m;
-    r = r > rd.fmax ? rd.fmax : r;
-    return float_of(bits_of(r) | (b & 0x80000000u)) / s;
-}
-
-static uint32_t exact_key(float q, float v);
-
 /* Stage two (rare): the relative errors within EDGE_ULPS of a bin edge (near[k]) get their
  * exact keys (metrics._bin_keys). */
 static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd, const float *err,
@@ -324,7 +319,8 @@ static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd, const
             double edge = (double)float_of(key << HIST_SHIFT);
             if ((double)fabsf(err[k]) < edge * (double)fabsf(x[k])) key -= 1;
         } else {
-            key = exact_key(quantize_one(x[k], s, rd), x[k]);
+            uint32_t ignored = 0;
+            key = exact_key(quantize_value(x[k], s, rd, &ignored), x[k]);
         }
         keys[k] = key;
         f->kmin = key < f->kmin ? key : f->kmin;
@@ -341,16 +337,7 @@ static uint32_t stage_one_mse(const float *x, float s, Py_ssize_t n, Rounding rd
     uint32_t past = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         float v = x[k];
-        uint32_t b = bits_of(v * s);
-        uint32_t mag = b & 0x7FFFFFFFu;
-        uint32_t e = mag & 0x7F800000u;
-        e = e < rd.low ? rd.low : e;
-        e = e > rd.high ? rd.high : e;
-        float m = float_of(e + rd.shift);
-        float r = (float_of(mag) + m) - m;
-        past += (uint32_t)(r > rd.fmax);
-        r = r > rd.fmax ? rd.fmax : r;
-        float q = float_of(bits_of(r) | (b & 0x80000000u)) / s;
+        float q = quantize_value(v, s, rd, &past);
         float d = q - v;
         err[k] = d;
         uint32_t ab = bits_of(d) & 0x7FFFFFFFu;

@@ -276,10 +276,13 @@ class ChunkKernel:
         xw = self._working(xp)  # what gets scaled: float32, or float64 (exact product)
         local_scales = local_amax = x_max = None
         in_range = False  # known that no |x * scale| exceeds the format's max
+        peak = None  # max |x * scale| bound of the chunk (local scales)
         if plan.is_global:
             scale = plan.scales
         else:
-            amax = self._tile_amax(xw, x, tr, tc)
+            # the unpadded chunk where it is what gets scaled (padding is zeros, which never
+            # raise an amax): the compiled kernel's one pass, no padded copy
+            amax = chunk_amax(x, tr, tc) if x.dtype == xw.dtype else tile_amax(xw, tr, tc)
             x_max = float(amax.max())
             if scheme.scale_rule is ScaleRule.PERCENTILE:
                 scale = scales_for(tile_percentile(xw[:rows, :cols], tr, tc,
@@ -296,7 +299,7 @@ class ChunkKernel:
         plain = self.plain and keep != "codes"
         if self.native is not None and keep is None and xp.dtype == np.float32:
             done = self._run_native(x, xp, scale, (tr, tc), padding, hist, shared, x_max,
-                                    in_range, local_amax)
+                                    in_range, peak, local_amax)
             if done is not None:
                 return done
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
@@ -362,14 +365,8 @@ class ChunkKernel:
             kept = x_q[:rows, :cols]
         return acc, local_scales, kept, facts
 
-    def _tile_amax(self, xw: np.ndarray, x: np.ndarray, tr: int, tc: int) -> np.ndarray:
-        """``tile_amax`` of the working chunk (``chunk_amax`` of the unpadded float32
-        chunk where the compiled kernel runs: padding is zeros, which never raise an amax)."""
-        if self.native is None or x.dtype != np.float32:
-            return tile_amax(xw, tr, tc)
-        return chunk_amax(x, tr, tc)
-
-    def _run_native(self, x, xp, scale, tile, padding, hist, shared, x_max, in_range, amax):
+    def _run_native(self, x, xp, scale, tile, padding, hist, shared, x_max, in_range, peak,
+                    amax):
         """The chunk by the compiled kernel: the same statistics as the numpy path below,
         to the bit.  None where it does not apply (inf or NaN in the chunk or its scales,
         a value that rounds past max under an overflow policy that does not saturate, a
@@ -387,8 +384,6 @@ class ChunkKernel:
             x_max = float(largest)
             peak = float(largest * scale.max())
             in_range = peak < self.thresholds[np.dtype(np.float32)]
-        else:
-            peak = float(np.max(amax * scale))
         if not math.isfinite(peak):  # inf or NaN in the chunk or its scales
             return None
         if not in_range and not self.saturates:
