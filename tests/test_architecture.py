@@ -16,7 +16,8 @@ LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md li
     **dict.fromkeys(["formats", "rounding", "literals", "fates", "scaling", "schemes",
                      "backends"], 1),
     **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),
-    **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance"], 3),
+    **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance",
+                     "attention"], 3),
     **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout"], 4),
     **dict.fromkeys(["cli", "__main__"], 5),
 }
