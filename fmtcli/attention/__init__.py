@@ -2,7 +2,8 @@
 
 - ``softmax`` -- the online softmax of one query (``fmt softmax``): the running max, the
   running sum and the rescaling, block by block, with every operation rounded to a chosen
-  format, beside the exact softmax-weighted average.
+  format, beside the exact softmax-weighted average; ``softmax_inputs``: its inputs (the
+  article's example, random draws, ``--scores``/``--values`` lists and files).
 
 The names below load on first use (PEP 562, as ``fmtcli`` does), so importing one module of
 this package does not import the others.
@@ -14,7 +15,8 @@ import importlib
 
 _EXPORTS = {
     "SoftmaxBlock": "softmax", "SoftmaxTrace": "softmax", "online_softmax": "softmax",
-    "softmax_reference": "softmax", "article_example": "softmax", "random_inputs": "softmax",
+    "softmax_reference": "softmax", "article_example": "softmax_inputs",
+    "random_inputs": "softmax_inputs", "read_numbers": "softmax_inputs",
 }
 
 __all__ = sorted(_EXPORTS)
