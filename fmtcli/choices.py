@@ -78,6 +78,20 @@ class Device(str, Enum):
     CUDA = "cuda"
 
 
+class AttentionDevice(str, Enum):
+    """Where ``fmt attention`` runs torch's SDPA kernels (its emulation is numpy, CPU)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class ScaleGranularity(str, Enum):
+    """What one scale covers in ``fmt attention``'s narrow-format emulation."""
+
+    TENSOR = "tensor"
+    BLOCK = "block"
+
+
 class Metric(str, Enum):
     """What scale-search's best rule minimises (SQNR: maximises)."""
 

@@ -29,6 +29,7 @@ from .plaintable import (
     plain_table_lines,
     segments,
 )
+from .render_attention import render_attention
 from .render_softmax import render_softmax
 
 if TYPE_CHECKING:  # the result types: loaded by the command that made the result
@@ -842,6 +843,7 @@ RENDERERS = {
     ("fmtcli.scalesearch", "ScaleSearchResult"): render_scale_search,
     ("fmtcli.lossscale", "LossScaleResult"): render_loss_scale,
     ("fmtcli.conformance", "ConformanceResult"): render_conformance,
+    ("fmtcli.attention.report", "AttentionResult"): render_attention,
     ("fmtcli.attention.softmax", "SoftmaxTrace"): render_softmax,
 }
 

@@ -18,7 +18,8 @@ LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md li
     **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),
     **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance",
                      "attention"], 3),
-    **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout", "render_softmax"], 4),
+    **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout", "render_softmax",
+                     "render_attention"], 4),
     **dict.fromkeys(["cli", "__main__"], 5),
 }
 

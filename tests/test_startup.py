@@ -81,7 +81,8 @@ def test_every_renderer_names_a_real_result_type():
         assert isinstance(getattr(importlib.import_module(module), name), type)
     assert {name for _, name in RENDERERS} == {
         "FormatTable", "UnderflowResult", "QuantizeResult", "ScaleSearchResult",
-        "LossScaleResult", "ConformanceResult", "SoftmaxTrace"}
+        "LossScaleResult", "ConformanceResult", "SoftmaxTrace",
+        "AttentionResult"}
 
 
 def test_drawing_the_range_table_loads_no_engine():
@@ -112,8 +113,9 @@ def test_one_table_of_storage_types_feeds_every_list():
 
 
 def test_fmt_help_lists_the_commands_in_the_order_of_a_session():
-    """range, underflow, quantize, scale-search, loss-scale, check-backends, softmax: the
-    order fmtcli.cli.COMMANDS registers them in (an import sorter must not reorder them)."""
+    """range, underflow, quantize, scale-search, loss-scale, check-backends, softmax,
+    attention: the order fmtcli.cli.COMMANDS registers them in (an import sorter must not
+    reorder them)."""
     from typer.testing import CliRunner
 
     from fmtcli.cli import app
@@ -121,4 +123,4 @@ def test_fmt_help_lists_the_commands_in_the_order_of_a_session():
     listed = [line.split()[0] for line in CliRunner().invoke(app, ["--help"]).stdout
               .split("Commands:")[1].splitlines() if line.strip()]
     assert listed == ["range", "underflow", "quantize", "scale-search", "loss-scale",
-                      "check-backends", "softmax"]
+                      "check-backends", "softmax", "attention"]

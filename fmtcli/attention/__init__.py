@@ -4,6 +4,12 @@
   running sum and the rescaling, block by block, with every operation rounded to a chosen
   format, beside the exact softmax-weighted average; ``softmax_inputs``: its inputs (the
   article's example, random draws, ``--scores``/``--values`` lists and files).
+- ``accuracy`` -- standard and blockwise (online-softmax) attention of whole tensors in a
+  format, FP8 emulated as FP8 kernels do (scaled Q, K, V, P cast before P V, float32
+  accumulators, optional Hadamard transform), against a float64 reference;
+- ``io_model`` -- HBM bytes and FLOPs of standard attention vs FlashAttention (Dao et al.
+  2022, Theorem 2, with Algorithm 1's blocks); ``timing`` -- torch's SDPA backends timed
+  on a CUDA GPU; ``report`` -- ``analyse_attention``, all of ``fmt attention`` in one call.
 
 The names below load on first use (PEP 562, as ``fmtcli`` does), so importing one module of
 this package does not import the others.
@@ -17,6 +23,13 @@ _EXPORTS = {
     "SoftmaxBlock": "softmax", "SoftmaxTrace": "softmax", "online_softmax": "softmax",
     "softmax_reference": "softmax", "article_example": "softmax_inputs",
     "random_inputs": "softmax_inputs", "read_numbers": "softmax_inputs",
+    "AccuracyRow": "accuracy", "attention_accuracy": "accuracy",
+    "reference_attention": "accuracy", "standard_attention": "accuracy",
+    "flash_attention": "accuracy", "quantize_inputs": "accuracy", "random_qkv": "accuracy",
+    "random_orthogonal_hadamard": "accuracy", "walsh_hadamard": "accuracy",
+    "IoModel": "io_model", "io_model": "io_model", "TimingRow": "timing",
+    "time_sdpa": "timing", "AttentionResult": "report", "AttentionSettings": "report",
+    "analyse_attention": "report", "load_qkv": "report",
 }
 
 __all__ = sorted(_EXPORTS)

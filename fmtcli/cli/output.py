@@ -38,7 +38,9 @@ FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
          "device": "--device", "product": "--product", "rounding": "--rounding",
          "overflow": "--overflow", "format": "--format", "workers": "--workers",
          "chunk": "--chunk", "metric": "--metric", "top": "--top", "sort": "--sort",
-         "worst_blocks": "--worst-blocks"}
+         "worst_blocks": "--worst-blocks", "sram": "--sram", "io": "--io",
+         "hadamard": "--hadamard", "dim": "--dim", "block_q": "--block-q",
+         "block_k": "--block-k"}
 KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 

@@ -1,0 +1,352 @@
+"""Attention in a chosen precision against a float64 reference: standard attention and the
+blockwise online-softmax algorithm (FlashAttention), emulated with numpy.
+
+Both methods compute ``O = softmax(Q K^T / sqrt(d)) V`` per (batch, head) pair; the arrays
+are ``(batch, heads, seq, dim)`` and every figure is in the units of O itself.
+
+What is rounded where (F is ``--format``; "narrow" means 8 bits or fewer: FP8, FP6, FP4):
+
+- Inputs.  Wide F (FP32, FP16, BF16, any custom format of 9 bits or more): Q, K, V are cast
+  to F, no scale (IEEE overflow).  Narrow F: as FP8 attention kernels do (Shah et al. 2024,
+  FlashAttention-3, §3.3), ``x_q = cast(x * scale) / scale`` with scales from
+  ``scaling.amax_to_scale`` (amax rule, saturating cast), one per tensor or one per block of
+  ``block_q`` rows of Q / ``block_k`` rows of K and V (all ``dim`` columns, per head).
+  ``hadamard`` first multiplies Q and K by the same random orthogonal matrix
+  ``diag(signs) H / sqrt(d)`` (H: Walsh-Hadamard), which leaves Q K^T unchanged and spreads
+  an outlier over all d columns ("incoherent processing", FlashAttention-3 §3.3).
+- Products.  Every matrix product accumulates in float32 (the tensor cores' FP32
+  accumulators), scores are scaled by 1/sqrt(d) in float32; softmax statistics (running
+  max m, running sum l, exp) are float32.
+- Standard attention (Dao et al. 2022, Algorithm 0) writes S and P to memory: in F for wide
+  formats; in float16 for narrow ones (the FP8 baseline of FlashAttention-3 §4.3 keeps its
+  softmax in FP16), and P is then quantized to F like the inputs (one scale per tensor, or
+  per ``block_q x block_k`` tile of P) before ``P V``.
+- Blockwise attention (Dao et al. 2022, Algorithm 1, with the output normalised once at
+  the end as FlashAttention-2 does): for each block of ``block_k`` keys, ``P~ = exp(S - m)``
+  is cast to F before ``P~ V`` (narrow F: unscaled, since P~ <= 1 already lies in range);
+  O, m and l never leave float32.
+- The output: rounded to F for wide formats (what the kernel writes), float32 for narrow
+  ones (FP8 kernels write a 16-bit output; its rounding is not the question here).
+
+The reference is float64 standard attention of the inputs as given (before any rounding
+or transform).  Work is vectorised over heads and query blocks: the only Python loop is
+over key blocks (the online softmax is sequential in them) and over groups of heads that
+keep the N x N temporaries near 2**25 elements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..choices import Granularity, OverflowPolicy, RoundingMode
+from ..errors import UsageError
+from ..formats import FormatSpec, get_format
+from ..rounding import round_to_format
+from ..scaling import amax_to_scale
+
+#: Temporaries of one group of heads stay near this many elements (float32: 128 MiB).
+CHUNK_ELEMENTS = 1 << 25
+#: Standard deviation of the extra term of an outlier entry: FlashAttention-3 §4.3 draws
+#: each entry from N(0, 1) + N(0, 100) * Bernoulli(p), i.e. an outlier adds N(0, 10**2).
+OUTLIER_STD = 10.0
+METHODS = ("standard", "flash")
+FLOAT16 = get_format("float16")
+
+
+@dataclass(frozen=True)
+class AccuracyRow:
+    """One method in one format against the float64 reference.
+
+    ``rmse``: root mean square of ``O - O_ref`` over every output element; ``max_abs_error``:
+    the largest ``|O - O_ref|``; ``max_rel_error``: the largest relative error of one output
+    vector (one query of one head), ``||o - o_ref||_2 / ||o_ref||_2`` -- element-wise ratios
+    would be dominated by outputs that happen to lie near 0."""
+
+    method: str
+    format: str
+    rmse: float
+    max_abs_error: float
+    max_rel_error: float
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "format": self.format, "rmse": self.rmse,
+                "max_abs_error": self.max_abs_error, "max_rel_error": self.max_rel_error}
+
+
+def is_narrow(spec: FormatSpec) -> bool:
+    """Whether ``spec`` is emulated as FP8 kernels use it (scaled), not cast directly."""
+    return spec.bits <= 8
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+def random_qkv(batch: int, heads: int, seq: int, dim: int, seed: int = 0,
+               outliers: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K, V of shape (batch, heads, seq, dim), float64, entries N(0, 1); with
+    ``outliers`` = p, a fraction p of the entries (each independently) gets an extra
+    N(0, 10**2) term: FlashAttention-3's outlier model (Shah et al. 2024, §4.3, p = 0.001)."""
+    if not 0.0 <= outliers <= 1.0 or math.isnan(outliers):
+        raise UsageError(f"outliers={outliers!r} is a fraction of the entries: 0 <= p <= 1")
+    rng = np.random.default_rng(seed)
+    shape = (batch, heads, seq, dim)
+    out = []
+    for _ in range(3):
+        x = rng.standard_normal(shape)
+        if outliers > 0:
+            hit = rng.random(shape) < outliers
+            x[hit] += OUTLIER_STD * rng.standard_normal(int(hit.sum()))
+        out.append(x)
+    return out[0], out[1], out[2]
+
+
+def walsh_hadamard(x: np.ndarray) -> np.ndarray:
+    """The unnormalised fast Walsh-Hadamard transform of ``x`` along its last axis (length a
+    power of two): ``x @ H`` with H the Sylvester Hadamard matrix, in log2(d) vectorised
+    butterfly passes (a new array; float64 stays float64)."""
+    n = x.shape[-1]
+    if n & (n - 1) or n == 0:
+        raise UsageError(f"the Hadamard transform needs a power-of-two dim, got dim={n}")
+    y = np.array(x, dtype=np.result_type(x.dtype, np.float32), copy=True)
+    lead = y.shape[:-1]
+    h = 1
+    while h < n:
+        view = y.reshape(*lead, n // (2 * h), 2, h)
+        a = view[..., 0, :].copy()
+        b = view[..., 1, :]
+        view[..., 0, :] += b
+        np.subtract(a, b, out=view[..., 1, :])
+        h *= 2
+    return y
+
+
+def random_orthogonal_hadamard(q: np.ndarray, k: np.ndarray, seed: int = 0
+                               ) -> tuple[np.ndarray, np.ndarray]:
+    """Q and K times the same random orthogonal matrix ``diag(s) H / sqrt(d)`` (s: random
+    signs from ``seed``): ``Q' K'^T = Q K^T`` exactly in real arithmetic, while an outlier
+    column is spread over all d columns before quantization (FlashAttention-3 §3.3,
+    "incoherent processing"; the QuIP idea)."""
+    d = q.shape[-1]
+    signs = np.random.default_rng([seed, 0x4AD]).choice((-1.0, 1.0), size=d)
+    norm = 1.0 / math.sqrt(d)
+    return walsh_hadamard(q * signs) * norm, walsh_hadamard(k * signs) * norm
+
+
+# -- rounding ----------------------------------------------------------------------------
+
+def cast(x: np.ndarray, spec: FormatSpec, saturate: bool = False) -> np.ndarray:
+    """``x`` (float32) rounded to ``spec``, nearest-even, as float32 (wide formats beyond
+    float32's range keep float64 values, which stay finite here)."""
+    policy = OverflowPolicy.SATURATE if saturate else OverflowPolicy.IEEE
+    r = round_to_format(np.asarray(x, dtype=np.float32), spec, RoundingMode.NEAREST_EVEN,
+                        policy)
+    return r.astype(np.float32, copy=False)
+
+
+def _tiles(x: np.ndarray, rows: int, cols: int | None) -> tuple[np.ndarray, tuple]:
+    """``x`` (g, r, c) zero-padded to whole tiles of rows x cols (cols None: all columns),
+    viewed as (g, r/rows, rows, c/cols, cols); the original (r, c)."""
+    g, r, c = x.shape
+    cols = c if cols is None else cols
+    pr, pc = -r % rows, -c % cols
+    if pr or pc:
+        x = np.pad(x, ((0, 0), (0, pr), (0, pc)))
+    return x.reshape(g, (r + pr) // rows, rows, (c + pc) // cols, cols), (r, c)
+
+
+def scaled_cast(x: np.ndarray, spec: FormatSpec, granularity: Granularity, rows: int,
+                cols: int | None = None, amax: float | None = None) -> np.ndarray:
+    """``x_q = cast(x * scale) / scale`` (float32 product, saturating cast), dequantized to
+    float32.  ``x`` is (groups, rows, columns); one scale for all of it (``TENSOR``; pass
+    ``amax`` when the tensor is larger than ``x``) or one per tile of ``rows`` x ``cols``
+    (``BLOCK``; cols None: whole rows), with the amax rule of ``scaling.amax_to_scale``."""
+    x = np.asarray(x, dtype=np.float32)
+    if granularity is Granularity.TENSOR:
+        a = float(np.max(np.abs(x))) if amax is None else amax
+        scale = np.float32(amax_to_scale(np.float64(a), spec))
+        return cast(x * scale, spec, saturate=True) / scale
+    tiles, (r, c) = _tiles(x, rows, cols)
+    scale = amax_to_scale(np.max(np.abs(tiles), axis=(2, 4), keepdims=True), spec)
+    out = cast(tiles * scale, spec, saturate=True) / scale
+    g = x.shape[0]
+    return out.reshape(g, tiles.shape[1] * rows, -1)[:, :r, :c]
+
+
+def quantize_inputs(q, k, v, spec: FormatSpec, granularity: Granularity, block_q: int,
+                    block_k: int, hadamard: bool = False, seed: int = 0):
+    """Q, K, V (any leading shape, (..., seq, dim)) as the kernel sees them, float32: cast
+    to a wide ``spec``, or scaled into a narrow one (module docstring); ``hadamard``
+    transforms Q and K first."""
+    if hadamard:
+        q, k = random_orthogonal_hadamard(q, k, seed)
+    out = []
+    for x, rows in ((q, block_q), (k, block_k), (v, block_k)):
+        x32 = np.asarray(x, dtype=np.float32)
+        if not is_narrow(spec):
+            out.append(cast(x32, spec))
+            continue
+        lead = x32.shape[:-2]
+        flat = x32.reshape(-1, *x32.shape[-2:])
+        out.append(scaled_cast(flat, spec, granularity, rows).reshape(*lead, *x32.shape[-2:]))
+    return tuple(out)
+
+
+# -- the methods -------------------------------------------------------------------------
+
+def _groups(g: int, n_q: int, n_k: int) -> list[slice]:
+    """Slices of the g (batch x head) pairs whose n_q x n_k temporaries fit CHUNK_ELEMENTS."""
+    per = max(1, CHUNK_ELEMENTS // max(1, n_q * n_k))
+    return [slice(i, min(g, i + per)) for i in range(0, g, per)]
+
+
+def _causal_mask(q0: int, q1: int, k0: int, k1: int) -> np.ndarray:
+    """True where key j (k0 <= j < k1) lies after query i (q0 <= i < q1): masked out."""
+    return np.arange(k0, k1)[None, :] > np.arange(q0, q1)[:, None]
+
+
+def reference_attention(q, k, v, causal: bool = False) -> np.ndarray:
+    """Exact attention in float64, ``softmax(Q K^T / sqrt(d)) V`` (max-subtracted softmax),
+    for arrays (..., seq, dim); the yardstick of every method here."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    lead = q.shape[:-2]
+    qf, kf, vf = (a.reshape(-1, *a.shape[-2:]) for a in (q, k, v))
+    g, n_q, d = qf.shape
+    out = np.empty((g, n_q, vf.shape[-1]))
+    for part in _groups(g, n_q, kf.shape[1]):
+        s = qf[part] @ kf[part].transpose(0, 2, 1) / math.sqrt(d)
+        if causal:
+            s[:, _causal_mask(0, n_q, 0, kf.shape[1])] = -np.inf
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        out[part] = s @ vf[part]
+    return out.reshape(*lead, n_q, -1)
+
+
+def _store(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
+    """An intermediate of standard attention as written to memory: in ``spec`` (wide), in
+    float16 (narrow: the FP8 baseline's 16-bit softmax)."""
+    return cast(x, spec if not is_narrow(spec) else FLOAT16)
+
+
+def standard_attention(qq, kq, vq, spec: FormatSpec, granularity: Granularity, block_q: int,
+                       block_k: int, causal: bool = False) -> np.ndarray:
+    """Standard attention on inputs already quantized (``quantize_inputs``): S and P
+    materialised and stored as the module docstring says, P quantized for narrow formats,
+    float32 products.  Returns float32 (..., seq_q, dim)."""
+    lead = qq.shape[:-2]
+    qf, kf, vf = (a.reshape(-1, *a.shape[-2:]) for a in (qq, kq, vq))
+    g, n_q, d = qf.shape
+    n_k = kf.shape[1]
+    inv = np.float32(1.0 / math.sqrt(d))
+    mask = _causal_mask(0, n_q, 0, n_k) if causal else None
+    parts = _groups(g, n_q, n_k)
+
+    def probabilities(part: slice) -> np.ndarray:
+        s = np.matmul(qf[part], kf[part].transpose(0, 2, 1)) * inv
+        s = _store(s, spec)
+        if mask is not None:
+            s[:, mask] = -np.inf
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return _store(s, spec)
+
+    amax = None
+    cached: dict[int, np.ndarray] = {}
+    if is_narrow(spec) and granularity is Granularity.TENSOR:  # one scale for all of P
+        amax = 0.0
+        for i, part in enumerate(parts):
+            p = probabilities(part)
+            amax = max(amax, float(p.max()))
+            if len(parts) == 1:
+                cached[i] = p
+    out = np.empty((g, n_q, vf.shape[-1]), dtype=np.float32)
+    for i, part in enumerate(parts):
+        p = cached.pop(i) if i in cached else probabilities(part)
+        if is_narrow(spec):
+            p = scaled_cast(p, spec, granularity, block_q, block_k, amax=amax)
+        out[part] = np.matmul(p, vf[part])
+    if not is_narrow(spec):
+        out = cast(out, spec)
+    return out.reshape(*lead, n_q, -1)
+
+
+def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
+                    causal: bool = False) -> np.ndarray:
+    """Blockwise attention with the online softmax (Dao et al. 2022, Algorithm 1) on inputs
+    already quantized: for each block of ``block_k`` keys, all queries of all heads at once,
+    ``m_new = max(m, rowmax S)``, ``P~ = exp(S - m_new)`` cast to ``spec``,
+    ``l = l exp(m - m_new) + rowsum P~``, ``acc = acc exp(m - m_new) + P~ V``; ``O = acc / l``.
+    Query blocks are independent in this algorithm (their rows never mix), so they are
+    computed together.  With ``causal``, block j only touches queries >= its first key."""
+    lead = qq.shape[:-2]
+    qf, kf, vf = (a.reshape(-1, *a.shape[-2:]) for a in (qq, kq, vq))
+    g, n_q, d = qf.shape
+    n_k = kf.shape[1]
+    inv = np.float32(1.0 / math.sqrt(d))
+    out = np.empty((g, n_q, vf.shape[-1]), dtype=np.float32)
+    for part in _groups(g, n_q, block_k):
+        q = qf[part]
+        m = np.full((q.shape[0], n_q, 1), -np.inf, dtype=np.float32)
+        total = np.zeros_like(m)
+        acc = np.zeros((q.shape[0], n_q, vf.shape[-1]), dtype=np.float32)
+        for start in range(0, n_k, block_k):
+            stop = min(n_k, start + block_k)
+            rows = slice(start if causal else 0, n_q)  # causal: earlier queries see no key here
+            if rows.start >= n_q:
+                break
+            s = np.matmul(q[:, rows], kf[part, start:stop].transpose(0, 2, 1)) * inv
+            if causal:
+                s[:, _causal_mask(rows.start, n_q, start, stop)] = -np.inf
+            m_old = m[:, rows]
+            m_new = np.maximum(m_old, s.max(axis=-1, keepdims=True))
+            s -= m_new
+            np.exp(s, out=s)
+            with np.errstate(invalid="ignore"):  # -inf - -inf: rows with no key yet
+                alpha = np.exp(m_old - m_new)
+            alpha[np.isnan(alpha)] = 0.0
+            total[:, rows] = total[:, rows] * alpha + s.sum(axis=-1, keepdims=True)
+            p = cast(s, spec, saturate=is_narrow(spec))
+            acc[:, rows] = acc[:, rows] * alpha + np.matmul(p, vf[part, start:stop])
+            m[:, rows] = m_new
+        out[part] = acc / total
+    if not is_narrow(spec):
+        out = cast(out, spec)
+    return out.reshape(*lead, n_q, -1)
+
+
+# -- the errors --------------------------------------------------------------------------
+
+def error_row(method: str, spec: FormatSpec, out: np.ndarray, ref: np.ndarray) -> AccuracyRow:
+    """The three figures of ``out`` against ``ref`` (module AccuracyRow)."""
+    err = np.asarray(out, dtype=np.float64) - ref
+    rmse = float(np.sqrt(np.mean(err * err)))
+    max_abs = float(np.max(np.abs(err)))
+    num = np.sqrt(np.sum(err * err, axis=-1))
+    den = np.sqrt(np.sum(ref * ref, axis=-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(num == 0, 0.0, num / den)
+    return AccuracyRow(method, spec.name, rmse, max_abs, float(np.max(rel)))
+
+
+def attention_accuracy(q, k, v, spec: FormatSpec, granularity: Granularity = Granularity.BLOCK,
+                       block_q: int = 64, block_k: int = 64, causal: bool = False,
+                       hadamard: bool = False, seed: int = 0,
+                       reference: np.ndarray | None = None) -> list[AccuracyRow]:
+    """Standard and blockwise attention of (..., seq, dim) arrays in ``spec`` against the
+    float64 reference (computed here unless given): one ``AccuracyRow`` per method."""
+    if granularity not in (Granularity.TENSOR, Granularity.BLOCK):
+        raise UsageError(f"scale granularity {granularity.value!r}: tensor or block")
+    if block_q < 1 or block_k < 1:
+        raise UsageError("block sizes must be positive (block_q, block_k)")
+    ref = reference_attention(q, k, v, causal) if reference is None else reference
+    qq, kq, vq = quantize_inputs(q, k, v, spec, granularity, block_q, block_k, hadamard, seed)
+    std = standard_attention(qq, kq, vq, spec, granularity, block_q, block_k, causal)
+    rows = [error_row("standard", spec, std, ref)]
+    del std
+    fl = flash_attention(qq, kq, vq, spec, block_k, causal)
+    rows.append(error_row("flash", spec, fl, ref))
+    return rows

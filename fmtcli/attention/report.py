@@ -1,0 +1,188 @@
+"""``fmt attention`` as one library call: the inputs (random, or Q, K, V from files), the
+accuracy of standard and blockwise attention in a format (``accuracy``), the IO model
+(``io_model``) and, on a CUDA GPU, torch's kernels timed (``timing``), gathered in one
+frozen ``AttentionResult``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..choices import Granularity
+from ..errors import DataError, UsageError, shown
+from ..formats import FormatSpec
+from .accuracy import AccuracyRow, attention_accuracy, random_qkv, reference_attention
+from .io_model import IoModel, io_model
+from .timing import TimingRow
+
+#: The largest Q (batch x heads x seq x dim elements) the CPU emulation takes: its N x N
+#: temporaries are made a group of heads at a time, but Q, K, V, O and the reference are
+#: whole (a few GB at this size).
+MAX_ELEMENTS = 1 << 26
+QKV_NAMES = ({"q", "query"}, {"k", "key"}, {"v", "value"})
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """What was computed: the shape (``seq_k`` keys for ``seq`` queries), the format and
+    its emulation (``scale_granularity``, ``hadamard``), the inputs (``inputs``: the files'
+    tensor names, or empty for random ones drawn with ``seed`` and ``outliers``), and the
+    GPU when torch's kernels were timed."""
+
+    batch: int
+    heads: int
+    seq: int
+    seq_k: int
+    dim: int
+    causal: bool
+    format: str
+    scale_granularity: str
+    hadamard: bool
+    outliers: float
+    seed: int
+    inputs: tuple[str, ...] = ()
+    device: str = "cpu"
+    gpu: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "heads": self.heads, "seq": self.seq,
+                "seq_k": self.seq_k, "dim": self.dim, "causal": self.causal,
+                "format": self.format, "scale_granularity": self.scale_granularity,
+                "hadamard": self.hadamard, "outliers": self.outliers, "seed": self.seed,
+                "inputs": list(self.inputs), "device": self.device, "gpu": self.gpu}
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """``fmt attention``'s result.  JSON: ``settings``, ``accuracy`` (one object per method:
+    ``method``, ``format``, ``rmse``, ``max_abs_error``, ``max_rel_error``; absent with the IO
+    model alone), ``io`` (``IoModel.to_dict``), ``timing`` (one object per SDPA backend, only
+    when measured)."""
+
+    settings: AttentionSettings
+    io: IoModel
+    accuracy: tuple[AccuracyRow, ...] = ()
+    timing: tuple[TimingRow, ...] | None = None
+    io_only: bool = field(default=False)
+
+    def to_dict(self) -> dict:
+        out: dict = {"settings": self.settings.to_dict()}
+        if not self.io_only:
+            out["accuracy"] = [row.to_dict() for row in self.accuracy]
+        out["io"] = self.io.to_dict()
+        if self.timing is not None:
+            out["timing"] = [row.to_dict() for row in self.timing]
+        return out
+
+
+def as_4d(x: np.ndarray, name: str) -> np.ndarray:
+    """A tensor of shape (seq, dim), (heads, seq, dim) or (batch, heads, seq, dim) as 4-D."""
+    if x.ndim < 2 or x.ndim > 4:
+        raise DataError(f"{name} has shape {'x'.join(map(str, x.shape)) or 'scalar'}: "
+                        "attention takes (seq, dim), (heads, seq, dim) or "
+                        "(batch, heads, seq, dim)")
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Q, K, V as float64 (batch, heads, seq, dim) arrays from three files (in that order) or
+    one file of three tensors (named q/k/v or query/key/value, else in the file's order);
+    their names.  K and V must have the same shape, Q the same batch, heads and dim."""
+    from ..tensors import load_inputs
+
+    sources = [s for s in load_inputs(paths) if s.skipped is None]
+    if len(sources) != 3:
+        raise DataError(f"attention takes three tensors Q, K, V (three files, or one file "
+                        f"holding three); {', '.join(shown(p) for p in paths[:5])} hold "
+                        f"{len(sources)} usable")
+    if len(paths) == 1:
+        named = []
+        for wanted in QKV_NAMES:
+            hits = [s for s in sources if (s.key or "").lower().rsplit(".", 1)[-1] in wanted]
+            named.append(hits[0] if len(hits) == 1 else None)
+        if all(named) and len({id(s) for s in named}) == 3:
+            sources = named
+    arrays = []
+    for label, source in zip("QKV", sources):
+        x = np.asarray(source.array(), dtype=np.float64)
+        if not np.all(np.isfinite(x)):
+            raise DataError(f"{label} ({shown(source.name)}) holds NaN or inf")
+        arrays.append(as_4d(x, f"{label} ({shown(source.name)})"))
+    q, k, v = arrays
+    if k.shape != v.shape:
+        raise DataError(f"K and V differ in shape ({'x'.join(map(str, k.shape))} vs "
+                        f"{'x'.join(map(str, v.shape))})")
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise DataError(f"Q ({'x'.join(map(str, q.shape))}) and K "
+                        f"({'x'.join(map(str, k.shape))}) differ in batch, heads or dim")
+    return q, k, v, tuple(s.name for s in sources)
+
+
+def check_size(batch: int, heads: int, seq: int, dim: int) -> None:
+    if batch * heads * seq * dim > MAX_ELEMENTS:
+        raise UsageError(f"batch x heads x seq x dim = {batch * heads * seq * dim:,} is more "
+                         f"than the CPU emulation takes ({MAX_ELEMENTS:,}); the IO model "
+                         "alone has no limit (pass io=True)")
+
+
+def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: int = 1024,
+                      dim: int = 64, qkv: tuple | None = None, inputs: tuple[str, ...] = (),
+                      causal: bool = False, block_q: int | None = None,
+                      block_k: int | None = None,
+                      granularity: Granularity = Granularity.BLOCK, hadamard: bool = False,
+                      outliers: float = 0.0, seed: int = 0, sram_bytes: int | None = None,
+                      io: bool = False, time: bool = False,
+                      progress: Callable[[int, int], None] | None = None) -> AttentionResult:
+    """Everything ``fmt attention`` reports.  Inputs: ``qkv`` (three float (batch, heads,
+    seq, dim) arrays) or random ones of the given shape (``random_qkv``).  ``io``: the IO
+    model alone, no tensors made.  ``time``: torch's SDPA backends timed on the CUDA GPU
+    (``timing.time_sdpa``).  Blocks default to the IO model's B_r, B_c (Algorithm 1 of Dao
+    et al. 2022 for ``sram_bytes`` and ``spec``'s element size)."""
+    if qkv is not None:
+        q, k, v = qkv
+        batch, heads, seq, dim = q.shape
+        seq_k = k.shape[2]
+    else:
+        seq_k = seq
+    if causal and seq_k != seq:
+        raise UsageError(f"causal attention needs as many keys as queries ({seq_k} vs {seq})")
+    model = io_model(batch, heads, seq, dim, spec.bits, sram_bytes, seq_k, block_q, block_k)
+    block_q, block_k = model.block_q, model.block_k
+    if hadamard and (dim & (dim - 1)):
+        raise UsageError(f"hadamard=True needs a power-of-two dim, got dim={dim}")
+    settings = dict(batch=batch, heads=heads, seq=seq, seq_k=seq_k, dim=dim, causal=causal,
+                    format=spec.name, scale_granularity=granularity.value, hadamard=hadamard,
+                    outliers=outliers, seed=seed, inputs=tuple(inputs))
+    if io:
+        return AttentionResult(AttentionSettings(**settings), model, io_only=True)
+    check_size(batch, heads, max(seq, seq_k), dim)
+    if time:  # fail before the CPU work when there is no GPU to time on
+        from .timing import TORCH_DTYPES, cuda_torch
+
+        if spec.name not in TORCH_DTYPES:
+            raise UsageError(f"torch's scaled_dot_product_attention has no {spec.name} "
+                             "kernels: timing takes format float16, bfloat16 or float32")
+        cuda_torch()
+    steps = 3 + time
+    report = progress or (lambda done, total: None)
+    report(0, steps)
+    if qkv is None:
+        q, k, v = random_qkv(batch, heads, seq, dim, seed, outliers)
+    ref = reference_attention(q, k, v, causal)
+    report(1, steps)
+    rows = attention_accuracy(q, k, v, spec, granularity, block_q, block_k, causal, hadamard,
+                              seed, reference=ref)
+    report(3, steps)
+    timing = None
+    gpu = None
+    if time:
+        from .timing import device_name, time_sdpa
+
+        timing = tuple(time_sdpa(q, k, v, spec, ref, causal))
+        gpu = device_name()
+        report(4, steps)
+    return AttentionResult(AttentionSettings(**settings, device="cuda" if time else "cpu",
+                                             gpu=gpu), model, tuple(rows), timing)
