@@ -63,6 +63,8 @@ def read_numbers(text: str, option: str, matrix: bool = False
     sources = load_path(text)
     usable = [s for s in sources if s.skipped is None]
     where = "<stdin>" if text == "-" else shown(text)
+    if len(sources) == 1 and not usable:
+        raise DataError(f"{where}: {sources[0].skipped}")
     if len(usable) != 1:
         why = "; ".join(f"{shown(s.name)}: {s.skipped}" for s in sources[:3] if s.skipped)
         raise DataError(f"{where} holds {len(usable)} usable tensors ({option} takes one)"
