@@ -59,9 +59,9 @@ def _row(b: SoftmaxBlock, scores: bool) -> list[str]:
 
 
 def _caption(result: SoftmaxTrace, hidden: int, scores: bool) -> str:
-    lines = ["m: the largest score so far; rescale: exp(m_old - m_new), what l and acc were "
-             "multiplied by (1: the max did not change; -: nothing yet); l: sum of "
-             "exp(s - m); acc: sum of exp(s - m) * v"
+    lines = ["m: the largest score so far; rescale: exp(m_old-m_new), what l and acc were "
+             "multiplied by (1: the max did not change; -: nothing yet); l: sum of exp(s-m); "
+             "acc: sum of exp(s-m)*v"
              + ("" if result.dim is None else f" (component 0 of {result.dim}; --json has all)"),
              f"arithmetic: {result.arithmetic}"]
     if not scores:
@@ -101,22 +101,22 @@ def _summary(result: SoftmaxTrace) -> Table:
     exact_digits = min(17, digits + 2)
     worst = result.worst
     index = "" if result.dim is None else f"[{worst}]"
-    rows = [(f"output{index}", render.value_text(_component(result.output, worst), digits),
-             f"{result.format}, after the last block"
+    text = render.value_text
+    rows = [(f"output{index}", text(_component(result.output, worst), digits),
+             f"{result.format} (eps {text(result.eps, 2)}), after the last block"),
+            (f"exact{index}", text(_component(result.reference, worst), exact_digits),
+             "in extended precision"
              + ("" if result.dim is None else
-                f" (of {result.dim:,} components, the one with the largest error)")),
-            (f"exact{index}", render.value_text(_component(result.reference, worst), exact_digits),
-             "the softmax-weighted average, in extended precision"),
-            ("abs error", render.value_text(result.max_abs_error, 2),
-             f"relative {render.value_text(result.rel_error, 2)} ({result.format}'s eps: "
-             f"{render.value_text(result.eps, 2)})"),
-            ("running sum l", render.value_text(result.running_sum, digits),
-             f"exact {render.value_text(result.sum_reference, exact_digits)}, relative error "
-             f"{render.value_text(result.sum_rel_error, 2)}")]
+                f"; of {result.dim:,} components, the largest error")),
+            ("abs error", text(result.max_abs_error, 2),
+             f"relative {text(result.rel_error, 2)} (to the average of |v|)"),
+            ("running sum l", text(result.running_sum, digits),
+             f"exact {text(result.sum_reference, exact_digits)}, relative error "
+             f"{text(result.sum_rel_error, 2)}")]
     if result.inputs_rounded:
         rows.append(("inputs", f"{result.inputs_rounded:,} rounded",
-                     f"to {result.format} first; that moved the exact answer by "
-                     f"{render.value_text(result.input_rounding_error, 2)}"))
+                     f"to {result.format}: the exact answer moved "
+                     f"{text(result.input_rounding_error, 2)}"))
     grid = Table.grid(padding=(0, 2))
     grid.add_column(no_wrap=True)
     grid.add_column(justify="right", no_wrap=True)

@@ -23,9 +23,10 @@ The arithmetic, per block ``j``, in the format F (``fl``: round to F)::
     acc_j       = the same with fl(p_i * v_i)        per component of the values
     output_j    = fl(acc_j / l_j)
 
-Scores and values are stored in F first (as a kernel's inputs would be); the reference is the
-exact softmax-weighted average of those stored inputs, so ``abs_error`` is the arithmetic's
-alone, and ``input_rounding_error`` says how far storing the inputs moved the exact answer.
+Scores and values are stored in F first (nearest-even, as a cast stores a kernel's inputs,
+whatever ``rounding`` the arithmetic uses); the reference is the exact softmax-weighted
+average of those stored inputs, so ``abs_error`` is the arithmetic's alone, and
+``input_rounding_error`` says how far storing the inputs moved the exact answer.
 
 How ``fl`` rounds: each +, -, *, / is computed in float64 and rounded once to F with the
 project's engine (``rounding.round_to_format``).  For a format of p <= 25 significand bits
@@ -67,8 +68,7 @@ MAX_BLOCK = 1 << 16  # keys summed one after another in a block
 MAX_BLOCKS = 1 << 16
 MAX_TRACE = 1 << 22  # blocks x components recorded in the trace
 FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
-ARITHMETIC = ("max exact; s - m, exp, every product, every sum and acc / l rounded to {f} "
-              "({how})")
+ARITHMETIC = "max exact; s-m, exp, every product, every sum and acc/l rounded to {f} ({how})"
 
 
 def arithmetic_format(name: str) -> tuple[FormatSpec, str | None]:
@@ -296,7 +296,8 @@ def online_softmax(scores, values, block: int = DEFAULT_BLOCK,
     keys, dim = s_given.size, (None if v_given.ndim == 1 else v_given.shape[1])
     block = _check_size(keys, dim or 1, block)
     fl = _Rounder(spec, rounding, seed)
-    s, v = _stored(s_given, fl, "scores"), _stored(v_given, fl, "values")
+    cast = _Rounder(spec, RoundingMode.NEAREST_EVEN, seed)  # inputs: stored as a cast does
+    s, v = _stored(s_given, cast, "scores"), _stored(v_given, cast, "values")
     blocks = -(-keys // block)
     width = dim or 1
     with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):

@@ -35,7 +35,7 @@ def softmax_command(
         "--dim", metavar="D", min=1, show_default=False,
         help="Components of each random value (with --random).  [default: 1]")] = None,
     seed: Annotated[int, typer.Option(
-        "--seed", min=0, max=2**64 - 1,
+        "--seed", metavar="S", min=0, max=2**64 - 1,
         help="Seed of --random's draws and of stochastic rounding, 0..2**64-1.")] = 0,
     format_name: Annotated[str, typer.Option(
         "--format", metavar="F",
