@@ -280,6 +280,7 @@ USAGE = [
     (["--random", "5", "--scores", "1"], "not both"),
     (["--random", "5", "--values", "1"], "not both"),
     (["--dim", "3"], "--dim goes with --random"),
+    (["--scores", "-", "--values", "-"], "it can be read once"),
     (["--random", "0"], "--random"),
     (["--random", "3", "--dim", "0"], "--dim"),
     (["--random", "2000000"], "at most 1,048,576 keys"),
@@ -315,7 +316,8 @@ def test_data_errors(tmp_path):
              (["--scores", tmp_path / "two.npz", "--values", "1,2"], "2 usable tensors"),
              (["--scores", tmp_path / "empty.txt", "--values", "1"], "empty.txt"),
              (["--scores", tmp_path / "bad.npy", "--values", "1"], "bad.npy"),
-             (["--scores", tmp_path / "missing.npy", "--values", "1"], "no such file")]
+             (["--scores", tmp_path / "missing.npy", "--values", "1"], "no such file"),
+             (["--scores", tmp_path, "--values", "1"], "is a directory")]
     for args, fragment in cases:
         assert_data_error(invoke("softmax", *args), fragment)
 

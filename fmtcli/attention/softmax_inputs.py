@@ -60,6 +60,8 @@ def read_numbers(text: str, option: str, matrix: bool = False
             if not (os.path.exists(text) or text.lower().endswith(SUFFIXES)):
                 raise UsageError(f"{option} {shown(text)} is neither a list of numbers "
                                  f"({error.message}) nor a file") from None
+    if os.path.isdir(text):
+        raise DataError(f"{shown(text)} is a directory ({option} takes one file)")
     sources = load_path(text)
     usable = [s for s in sources if s.skipped is None]
     where = "<stdin>" if text == "-" else shown(text)

@@ -66,6 +66,9 @@ def softmax_command(
     if (scores is None) != (values is None):
         raise UsageError("give --scores and --values together (or neither: the article's "
                          "example)")
+    if scores == values == "-":
+        raise UsageError("--scores and --values are both '-' (standard input): it can be read "
+                         "once")
     spec, message = arithmetic_format(format_name)
     if message:
         note(message)
