@@ -11,6 +11,9 @@ refusal, and the table at 80 and 120 columns.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import ml_dtypes
 import mpmath
@@ -21,6 +24,7 @@ from cli_helpers import (
     assert_usage_error,
     invoke,
     json_of,
+    run_fmt,
     strict_loads,
     succeeds,
 )
@@ -383,3 +387,14 @@ def test_an_ambiguous_format_says_which_on_stderr():
     result = succeeds("softmax", "--format", "e4m3", "--json")
     assert strict_loads(result.stdout)["format"] == "float8_e4m3fn"
     assert result.stderr.startswith("Note:") and "e4m3fn" in result.stderr
+
+
+def test_a_real_run_in_ascii_and_a_refusal_without_traceback():
+    env = {**os.environ, "COLUMNS": "80", "PYTHONIOENCODING": "ascii"}
+    proc = subprocess.run([sys.executable, "-m", "fmtcli", "softmax", "--random", "100"],
+                          capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "online softmax" in proc.stdout.decode("ascii").lower()
+    refused = run_fmt("softmax", "--format", " ")
+    assert refused.returncode == 2 and refused.stdout == b""
+    assert refused.stderr.decode().count("\n") == 1 and b"Traceback" not in refused.stderr

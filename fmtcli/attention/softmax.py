@@ -39,8 +39,8 @@ numpy's float64 arithmetic (nearest-even), with nothing rounded again.
 
 The reference is computed in extended precision: exponentials and products in
 ``np.longdouble`` (64 significand bits on x86), each sum exact (``math.fsum`` of the high and
-low float64 parts), one division: within a few 1e-19 relative where longdouble is x87's, a
-few 1e-16 where it is float64.
+low float64 parts), one division: within a few 1e-19 of the average of ``|v|`` (relative)
+where longdouble is x87's, a few 1e-16 where it is float64.
 """
 
 from __future__ import annotations
