@@ -49,6 +49,8 @@ fmt scale-search --loss-scale --histogram --json
 fmt scale-search model.safetensors --loss-scale --json
 fmt check-backends --json
 fmt check-backends e4m3fn e8m0 fp16 --json
+fmt softmax --random 500 --dim 3 --block 16 --format fp16 --rounding stochastic --seed 2 --json
+fmt softmax --scores 1,3,2,0 --values 10,20,30,40 --block 3 --format e4m3fn --json
 """
 
 
