@@ -118,9 +118,9 @@ def _summary(result: SoftmaxTrace) -> Table:
                      f"to {result.format}: the exact answer moved "
                      f"{text(result.input_rounding_error, 2)}"))
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(no_wrap=True)
-    grid.add_column(justify="right", no_wrap=True)
-    grid.add_column()  # the notes wrap at spaces
+    grid.add_column(overflow="fold")  # folded, never cut, on a very narrow terminal
+    grid.add_column(justify="right", overflow="fold")
+    grid.add_column(overflow="fold")  # the notes wrap at spaces
     for row in rows:
         grid.add_row(*row)
     return grid
