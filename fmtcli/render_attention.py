@@ -75,7 +75,7 @@ def _io(io: IoModel) -> Table:
              f"{io.sram_bytes:,} B ({io.sram_source}), blocks B_r {io.block_q}, "
              f"B_c {io.block_k}")
     caption = ("HBM traffic = reads + writes of the paper's algorithms; FLOPs: a "
-               "multiply-add is 2.  Forward + backward: FlashAttention recomputes S and P.")
+               "multiply-add is 2. Forward + backward: FlashAttention recomputes S and P.")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, caption=caption,
                   caption_justify="left")
     for header in ("", "HBM forward", "FLOPs forward", "HBM fwd+bwd", "FLOPs fwd+bwd"):
@@ -136,9 +136,10 @@ def _timing(result: AttentionResult) -> list:
 def render_attention(result: AttentionResult):
     """The whole report: shape line, accuracy (unless the IO model alone), IO model, timing."""
     parts: list = [Text(_shape_line(result.settings, result.io_only))]
-    if not result.io_only:
-        parts += [Text(""), render.Fit(_accuracy(result))]
-    parts += [Text(""), render.Fit(_io(result.io))]
+    parts.append(Text(""))
+    if not result.io_only:  # the table ends in a blank line of its own
+        parts.append(render.Fit(_accuracy(result)))
+    parts.append(render.Fit(_io(result.io)))
     if result.timing is not None:
         parts += _timing(result)
     return Group(*parts)
