@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import importlib
 
+# io_model is also a module's name: importing the module (as fmt attention does) sets the
+# package's attribute io_model to the module, and the lazy lookup below is never asked.
+# The function is bound here instead (io_model.py imports only math).
+from .io_model import io_model as io_model
+
 _EXPORTS = {
     "SoftmaxBlock": "softmax", "SoftmaxTrace": "softmax", "online_softmax": "softmax",
     "softmax_reference": "softmax", "article_example": "softmax_inputs",
