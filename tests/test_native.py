@@ -51,7 +51,8 @@ def needs_kernel() -> None:
 
 # -- the counting proxy ----------------------------------------------------------------------
 
-CALLS = ("quantize_chunk", "quantize_chunk:none", "tile_amax", "sum_squares", "widen_f16")
+CALLS = ("quantize_chunk", "quantize_chunk:none", "tile_amax", "sum_squares", "widen_f16",
+         "amax_scales", "distinct_bits")
 
 
 class Counting:

@@ -52,11 +52,24 @@ def log2_histogram(counts: np.ndarray) -> dict[int, int]:
 
 
 def fraction_counts(flushed: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """A histogram (``FRACTION_BINS``) of the per-block flushed fractions flushed / size."""
-    fraction = (flushed / sizes).astype(np.float32).reshape(-1)
-    keys = (fraction.view(np.uint32) >> np.uint32(FRACTION_SHIFT)).astype(np.int64)
-    keys = np.where(fraction > 0, np.maximum(keys - FRACTION_FIRST_KEY, 0) + 1, 0)
-    return np.bincount(keys, minlength=FRACTION_BINS).astype(np.int64)
+    """A histogram (``FRACTION_BINS``) of the per-block flushed fractions flushed / size.
+
+    Called per chunk: few of its blocks flush a value, so bin 0 counts the others and only
+    the blocks that flush are binned."""
+    flushed, sizes = np.asarray(flushed), np.asarray(sizes)
+    if flushed.shape != sizes.shape:
+        flushed, sizes = np.broadcast_arrays(flushed, sizes)
+    flushed, sizes = flushed.reshape(-1), sizes.reshape(-1)
+    some = np.flatnonzero(flushed)
+    counts = np.zeros(FRACTION_BINS, np.int64)
+    counts[0] = flushed.size - some.size
+    if some.size:
+        fraction = (flushed[some] / sizes[some]).astype(np.float32)
+        keys = (fraction.view(np.uint32) >> np.uint32(FRACTION_SHIFT)).astype(np.int64)
+        keys = np.where(fraction > 0, np.maximum(keys - FRACTION_FIRST_KEY, 0) + 1, 0)
+        found = np.bincount(keys)
+        counts[:found.size] += found
+    return counts
 
 
 def fraction_of_key(index: int) -> float:

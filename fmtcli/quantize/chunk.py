@@ -2,6 +2,8 @@
 
 Direction: ``x_q = cast(x * scale) / scale``.  One ``ChunkKernel`` applies one scheme to one
 2-D float32 (or float64) chunk of a tensor's matrix view; ``quantize`` streams the chunks.
+A bfloat16 or float16 chunk may come as stored: the compiled kernel reads it so, and the
+numpy path widens it to float32 first (``widened``).
 
 The product ``x * scale`` follows the scheme's ``product`` (``scaling.Product``): under
 ``float32`` the chunk is taken as float32 (float64 data rounded to float32; a finite value
@@ -43,6 +45,7 @@ from ..schemes import OverflowPolicy, ScaleFormat, Scheme
 from . import native
 from .blocks import block_sizes
 from .metrics import ErrorAccumulator
+from .stream import widen
 
 
 @dataclass
@@ -82,15 +85,28 @@ def tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
 
 
 def chunk_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
-    """``tile_amax``, by the compiled kernel for a contiguous float32 chunk where it is
-    built (one pass, no padded copy), else by numpy."""
+    """``tile_amax`` as float32 (float64 data: float64), by the compiled kernel for a
+    contiguous float32, bfloat16 or float16 chunk where it is built (one pass, no padded
+    or widened copy), else by numpy."""
     kernel = native.module()
-    if kernel is None or x.dtype != np.float32 or not x.flags.c_contiguous:
-        return tile_amax(x, tr, tc)
+    if kernel is None or native.kind_of(x.dtype) is None or not x.flags.c_contiguous:
+        return tile_amax(x if x.dtype.itemsize > 2 else widen(x, np.float32), tr, tc)
     rows, cols = x.shape
     out = np.empty((-(-rows // tr), -(-cols // tc)), np.float32)
-    kernel.tile_amax(x, rows, cols, tr, tc, out)
+    buffer, kind = native.values(x)
+    kernel.tile_amax(buffer, rows, cols, tr, tc, out, kind)
     return out
+
+
+def widened(x: np.ndarray, shared: dict) -> np.ndarray:
+    """A chunk read as stored (bfloat16, float16: ``ChunkReader.read(as_stored=True)``) as
+    float32, widened once per chunk and kept in ``shared`` for the chunk's other schemes;
+    float32 and float64 chunks as they are."""
+    if x.dtype.itemsize > 2:
+        return x
+    if "widened" not in shared:
+        shared["widened"] = widen(x, np.float32)
+    return shared["widened"]
 
 
 def tile_percentile(x: np.ndarray, tr: int, tc: int, q: float) -> np.ndarray:
@@ -128,6 +144,14 @@ def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
             decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
             scale = g / decode
         return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
+    kernel = native.module()
+    if (kernel is not None and scheme.scale_rule is ScaleRule.AMAX
+            and scheme.product is Product.FLOAT32 and amax.dtype == np.float32
+            and scheme.format.max <= F32_MAX and amax.flags.c_contiguous):
+        out = np.empty(amax.shape, np.float32)  # the same rule in one compiled loop
+        kernel.amax_scales(amax, out, amax.size, np.float32(scheme.format.max),
+                           2.0 ** -scheme.margin)
+        return out
     return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin, scheme.product)
 
 
@@ -265,6 +289,12 @@ class ChunkKernel:
 
     def _run(self, x, origin, hist, keep, shared):
         plan, spec, scheme = self.plan, self.spec, self.plan.scheme
+        # a bfloat16/float16 chunk as stored goes to the compiled kernel as it is (no
+        # widened copy); what else needs float32 values widens it (once per chunk)
+        as_stored = x.dtype.itemsize == 2
+        if as_stored and (self.native is None or keep is not None
+                          or scheme.scale_rule is ScaleRule.PERCENTILE):
+            x, as_stored = widened(x, shared), False
         tr, tc = plan.tile
         rows, cols = x.shape
         if plan.is_global:
@@ -273,7 +303,9 @@ class ChunkKernel:
         pr, pc = (-rows) % tr, (-cols) % tc
         xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
         padding = xp.size - x.size
-        xw = self._working(xp)  # what gets scaled: float32, or float64 (exact product)
+        # what gets scaled: float32, or float64 (exact product); the kernel's own for a
+        # chunk as stored
+        xw = None if as_stored else self._working(xp)
         local_scales = local_amax = x_max = None
         in_range = False  # known that no |x * scale| exceeds the format's max
         peak = None  # max |x * scale| bound of the chunk (local scales)
@@ -282,7 +314,8 @@ class ChunkKernel:
         else:
             # the unpadded chunk where it is what gets scaled (padding is zeros, which never
             # raise an amax): the compiled kernel's one pass, no padded copy
-            amax = chunk_amax(x, tr, tc) if x.dtype == xw.dtype else tile_amax(xw, tr, tc)
+            amax = (chunk_amax(x, tr, tc) if as_stored or x.dtype == xw.dtype
+                    else tile_amax(xw, tr, tc))
             x_max = float(amax.max())
             if scheme.scale_rule is ScaleRule.PERCENTILE:
                 scale = scales_for(tile_percentile(xw[:rows, :cols], tr, tc,
@@ -297,11 +330,15 @@ class ChunkKernel:
             # all round to at most max (under this scheme's rounding mode); False for NaN
             in_range = peak < self.thresholds[amax.dtype]
         plain = self.plain and keep != "codes"
-        if self.native is not None and keep is None and xp.dtype == np.float32:
+        if self.native is not None and keep is None and (as_stored or xp.dtype == np.float32):
             done = self._run_native(x, xp, scale, (tr, tc), padding, hist, shared, x_max,
                                     in_range, peak, local_amax)
             if done is not None:
                 return done
+        if as_stored:  # the kernel left the chunk to numpy: its float32 values
+            x = widened(x, shared)
+            xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
+            xw = self._working(xp)
         shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
         dead = None
         if self.two_level and np.isinf(scale).any():  # NVFP4 blocks that decode to 0
@@ -395,10 +432,11 @@ class ChunkKernel:
         max_rel = np.empty(scale.shape, np.float32) if facts and self.worst else None
         low, high, shift = self.magic
         fmax = np.inf if in_range else self.spec.max
-        got = self.native.quantize_chunk(xp, scale, rows, cols, tr, tc, low, high, shift,
+        values, kind = native.values(xp)
+        got = self.native.quantize_chunk(values, scale, rows, cols, tr, tc, low, high, shift,
                                          fmax, scratch(xp.size),
                                          None if self.mse_only else hist, flushed,
-                                         saturating, max_rel)
+                                         saturating, max_rel, kind)
         if got is None:
             return None
         sum_err, max_err, sum_err2, zero_results, nan_keys, saturated = got
@@ -411,8 +449,9 @@ class ChunkKernel:
             acc.saturated = saturated
             acc.sum_err = sum_err
             if "sum_x2" not in shared:  # as ErrorAccumulator._add takes it, over the raw chunk
-                raw = np.ascontiguousarray(x)
-                shared["sum_x2"] = (self.native.sum_squares(raw, raw.size, x_max), 0.0, 0.0)
+                raw, kind = native.values(np.ascontiguousarray(x))
+                shared["sum_x2"] = (self.native.sum_squares(raw, raw.size, x_max, kind),
+                                    0.0, 0.0)
             acc.sum_x2 = shared["sum_x2"][0]
             zeros = nan_keys - padding  # 0/0: the zeros, the padding's included
             acc.flushed = zero_results - nan_keys

@@ -91,7 +91,7 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
 
     def task(index: int, worker: int) -> int:
         rs, cs = chunks[index]
-        x = reader.read(rs, cs)
+        x = reader.read(rs, cs, as_stored=not percentile)  # amax alone: 16-bit as stored
         if percentile:  # one histogram of |x| serves every per-tensor percentile scheme
             with np.errstate(over="ignore"):  # float64 beyond float32: the inf bin
                 keys = np.right_shift(np.abs(x).astype(np.float32).view(np.uint32),
@@ -260,9 +260,13 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
                         np.float64 if p.scheme.product is Product.EXACT else np.float32, forks)
              for p in plans]
 
+    # bfloat16/float16 chunks as stored where a scheme runs the compiled kernel (no widened
+    # copy; the others widen the chunk once, kept in ``shared``)
+    as_stored = any(k.native is not None for k in kernels)
+
     def task(index: int, worker: int) -> int:
         rs, cs = chunks[index]
-        x = reader.read(rs, cs)
+        x = reader.read(rs, cs, as_stored=as_stored)
         shared: dict = {}
         for i, kernel in enumerate(kernels):
             acc, scales, kept, facts = kernel.run(x, (rs.start, cs.start, cols),

@@ -15,12 +15,19 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+import numpy as np
+
 try:
     from . import _native as _compiled
 except ImportError:  # not built: no compiler at install time, or a source checkout
     _compiled = None
 
 ENV = "FMTCLI_KERNEL"
+
+#: what a chunk buffer may hold, by dtype name: the ``kind`` codes of ``_native.c``
+#: (bfloat16 and float16 are read as stored and widened inside the kernel's passes)
+KINDS = {"float32": 0, "bfloat16": 1, "float16": 2}
+_KIND_OF = {np.dtype(name): kind for name, kind in (("float32", 0), ("float16", 2))}
 
 
 def module() -> ModuleType | None:
@@ -33,3 +40,25 @@ def module() -> ModuleType | None:
 def built() -> bool:
     """Whether the compiled kernel is installed (whatever ``FMTCLI_KERNEL`` says)."""
     return _compiled is not None
+
+
+def kind_of(dtype) -> int | None:
+    """The kernel's ``kind`` code of a chunk dtype, or None where it does not read it."""
+    dtype = np.dtype(dtype)
+    kind = _KIND_OF.get(dtype)
+    if kind is None and dtype.name == "bfloat16":  # ml_dtypes' (imported by the loaders)
+        _KIND_OF[dtype] = kind = KINDS["bfloat16"]
+    return kind
+
+
+def reads_as_stored(dtype) -> bool:
+    """Whether the kernel is on and reads chunks of ``dtype`` (bfloat16, float16) without a
+    widened float32 copy."""
+    return module() is not None and kind_of(dtype) in (1, 2)
+
+
+def values(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """``x`` as the kernel's functions take it: (buffer, kind) -- float32 itself, or the bit
+    patterns of a bfloat16/float16 array (a uint16 view, no copy)."""
+    kind = kind_of(x.dtype)
+    return (x if kind == 0 else x.view(np.uint16)), kind

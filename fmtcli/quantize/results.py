@@ -11,6 +11,7 @@ import numpy as np
 
 from ..schemes import Scheme
 from ..tensors import TensorInfo, skipped_records
+from . import native
 from .blocks import (
     EXP_BINS,
     WORST_FIELDS,
@@ -71,6 +72,17 @@ class ScaleSummary:
             exponents = np.flatnonzero(np.bincount(bits >> np.uint32(23), minlength=256))
             with np.errstate(over="ignore"):  # exponent 255: inf (NVFP4's dead blocks)
                 self._fold(np.ldexp(np.float32(1), exponents.astype(np.int32) - 127))
+            return
+        kernel = native.module()
+        if kernel is not None and bits is not None and bits.flags.c_contiguous:
+            # the compiled hash set: the first DISTINCT_CAP + 1 distinct patterns in one
+            # pass (sorting every scale of a large grid cost more than the chunk work)
+            found = np.empty(DISTINCT_CAP + 1, np.uint32)
+            count = kernel.distinct_bits(bits, bits.size, found.size, found)
+            if count > DISTINCT_CAP:
+                self.capped, self.values = True, np.zeros(0, np.float64)
+            else:
+                self._fold(np.sort(found[:count].view(np.float32)))
             return
         step = DISTINCT_CAP + 1  # a slice this long already tells whether the cap is passed
         for start in range(0, finite.size, step):

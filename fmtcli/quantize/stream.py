@@ -71,10 +71,16 @@ class ChunkReader:
         self.fd = None
         self.fd_pid = None
 
-    def read(self, rows: slice, cols: slice) -> np.ndarray:
+    def read(self, rows: slice, cols: slice, as_stored: bool = False) -> np.ndarray:
+        """The chunk as float32 (float64 data: float64).  ``as_stored``: a bfloat16 or
+        float16 chunk comes as stored, for the compiled kernel, which widens it as it goes
+        (``native.reads_as_stored``; ``chunk.widened`` makes the float32 copy on demand)."""
         shape = (rows.stop - rows.start, cols.stop - cols.start)
+        stored = as_stored and native.reads_as_stored(self.array.dtype)
         if self.path is None:
             block = self.matrix[rows, cols]
+            if stored:
+                return np.ascontiguousarray(block)
             out = np.empty(block.shape, dtype=self.dtype)
             np.copyto(out, block, casting="unsafe")
             return out
@@ -89,7 +95,9 @@ class ChunkReader:
                 raise DataError(f"{shown(self.path)}: the file ended early (truncated while "
                                 "reading?)")
             done += got
-        return buffer if buffer.dtype == self.dtype else widen(buffer, self.dtype)
+        if stored or buffer.dtype == self.dtype:
+            return buffer
+        return widen(buffer, self.dtype)
 
     def close(self) -> None:
         if self.fd is not None and self.fd_pid == os.getpid():
