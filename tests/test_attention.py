@@ -120,13 +120,14 @@ def test_fp8_inputs_are_scaled_as_ml_dtypes_casts_them(granularity):
 
 def test_flash_fp8_casts_p_before_p_v():
     """With FP32 inputs, the FP8 flash run differs from exact attention only by P~ cast to
-    FP8 (unscaled: P~ <= 1): an independent emulation with ml_dtypes, one key block."""
+    FP8 with the static scale 448 (P~ <= 1): an independent emulation with ml_dtypes, one
+    key block."""
     q, k, v = small(n=32)
     q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
     got = A.flash_attention(q32, k32, v32, E4M3, block_k=32)
     s = (q32 @ k32.transpose(0, 1, 3, 2)) * np.float32(1 / math.sqrt(16))
     p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p8 = p.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    p8 = (p * np.float32(448)).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / 448
     want = (p8 @ v32) / p.sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -250,6 +251,7 @@ def test_inputs_from_files(tmp_path):
     (["--hadamard", "--dim", "48"], "--hadamard needs --dim a power of two, got 48"),
     (["--format", "fp7"], "unknown format"),
     (["--format", "fp16,bf16"], "one format"),
+    (["--format", "e8m0"], "--format float8_e8m0fnu is a scale format"),
     (["--seq", "0"], "--seq"),
     (["--outliers", "2"], "--outliers"),
     (["--scale-granularity", "row"], "--scale-granularity"),

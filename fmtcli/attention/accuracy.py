@@ -23,7 +23,8 @@ What is rounded where (F is ``--format``; "narrow" means 8 bits or fewer: FP8, F
   per ``block_q x block_k`` tile of P) before ``P V``.
 - Blockwise attention (Dao et al. 2022, Algorithm 1, with the output normalised once at
   the end as FlashAttention-2 does): for each block of ``block_k`` keys, ``P~ = exp(S - m)``
-  is cast to F before ``P~ V`` (narrow F: unscaled, since P~ <= 1 already lies in range);
+  is cast to F before ``P~ V`` (narrow F: with one static scale, the amax rule's for an
+  amax of 1 -- 448 for E4M3, 6 for FP4 -- since P~ <= 1 by construction);
   O, m and l never leave float32.
 - The output: rounded to F for wide formats (what the kernel writes), float32 for narrow
   ones (FP8 kernels write a 16-bit output; its rounding is not the question here).
@@ -74,6 +75,13 @@ class AccuracyRow:
     def to_dict(self) -> dict:
         return {"method": self.method, "format": self.format, "rmse": self.rmse,
                 "max_abs_error": self.max_abs_error, "max_rel_error": self.max_rel_error}
+
+
+def check_format(spec: FormatSpec) -> None:
+    """Attention needs signed values and a zero: scale formats (E8M0) cannot hold it."""
+    if not spec.signed or not spec.has_zero:
+        raise UsageError(f"format={spec.name!r} is a scale format (no sign or no zero): "
+                         "attention needs a signed element format")
 
 
 def is_narrow(spec: FormatSpec) -> bool:
@@ -278,7 +286,8 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
                     causal: bool = False) -> np.ndarray:
     """Blockwise attention with the online softmax (Dao et al. 2022, Algorithm 1) on inputs
     already quantized: for each block of ``block_k`` keys, all queries of all heads at once,
-    ``m_new = max(m, rowmax S)``, ``P~ = exp(S - m_new)`` cast to ``spec``,
+    ``m_new = max(m, rowmax S)``, ``P~ = exp(S - m_new)`` cast to ``spec`` (narrow formats:
+    with the static scale that the amax rule gives an amax of 1, since ``P~ <= 1``),
     ``l = l exp(m - m_new) + rowsum P~``, ``acc = acc exp(m - m_new) + P~ V``; ``O = acc / l``.
     Query blocks are independent in this algorithm (their rows never mix), so they are
     computed together.  With ``causal``, block j only touches queries >= its first key."""
@@ -287,6 +296,8 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
     g, n_q, d = qf.shape
     n_k = kf.shape[1]
     inv = np.float32(1.0 / math.sqrt(d))
+    narrow = is_narrow(spec)
+    p_scale = np.float32(amax_to_scale(np.float64(1.0), spec)) if narrow else None
     out = np.empty((g, n_q, vf.shape[-1]), dtype=np.float32)
     for part in _groups(g, n_q, block_k):
         q = qf[part]
@@ -309,7 +320,10 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
                 alpha = np.exp(m_old - m_new)
             alpha[np.isnan(alpha)] = 0.0
             total[:, rows] = total[:, rows] * alpha + s.sum(axis=-1, keepdims=True)
-            p = cast(s, spec, saturate=is_narrow(spec))
+            if narrow:  # P~ <= 1: one static scale maps 1 onto the format's max
+                p = cast(s * p_scale, spec, saturate=True) / p_scale
+            else:
+                p = cast(s, spec)
             acc[:, rows] = acc[:, rows] * alpha + np.matmul(p, vf[part, start:stop])
             m[:, rows] = m_new
         out[part] = acc / total
@@ -338,6 +352,7 @@ def attention_accuracy(q, k, v, spec: FormatSpec, granularity: Granularity = Gra
                        reference: np.ndarray | None = None) -> list[AccuracyRow]:
     """Standard and blockwise attention of (..., seq, dim) arrays in ``spec`` against the
     float64 reference (computed here unless given): one ``AccuracyRow`` per method."""
+    check_format(spec)
     if granularity not in (Granularity.TENSOR, Granularity.BLOCK):
         raise UsageError(f"scale granularity {granularity.value!r}: tensor or block")
     if block_q < 1 or block_k < 1:

@@ -14,7 +14,13 @@ import numpy as np
 from ..choices import Granularity
 from ..errors import DataError, UsageError, shown
 from ..formats import FormatSpec
-from .accuracy import AccuracyRow, attention_accuracy, random_qkv, reference_attention
+from .accuracy import (
+    AccuracyRow,
+    attention_accuracy,
+    check_format,
+    random_qkv,
+    reference_attention,
+)
 from .io_model import IoModel, io_model
 from .timing import TimingRow
 
@@ -147,6 +153,7 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
         seq_k = k.shape[2]
     else:
         seq_k = seq
+    check_format(spec)
     if causal and seq_k != seq:
         raise UsageError(f"causal attention needs as many keys as queries ({seq_k} vs {seq})")
     model = io_model(batch, heads, seq, dim, spec.bits, sram_bytes, seq_k, block_q, block_k)

@@ -40,7 +40,7 @@ FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
          "chunk": "--chunk", "metric": "--metric", "top": "--top", "sort": "--sort",
          "worst_blocks": "--worst-blocks", "sram": "--sram", "io": "--io",
          "hadamard": "--hadamard", "dim": "--dim", "block_q": "--block-q",
-         "block_k": "--block-k"}
+         "block_k": "--block-k", "outliers": "--outliers"}
 KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 
