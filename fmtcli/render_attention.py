@@ -116,8 +116,9 @@ def _timing(result: AttentionResult) -> list:
         for header in headers:
             table.add_column(header, justify="left" if header == "backend" else "right")
         for row in rows:
-            if not row.available:
-                table.add_row(row.backend, Text("not available", style="dim"))
+            if not row.available:  # why: in the notes below the table
+                table.add_row(*(Text(c, style="dim") for c in [row.backend]
+                                + ["-"] * (len(headers) - 1)))
                 continue
             cells = [row.backend, f"{row.ms:.3f}", f"{row.tflops:.1f}",
                      _si(row.peak_bytes, "B"), _sci(row.rmse)]
@@ -126,7 +127,8 @@ def _timing(result: AttentionResult) -> list:
             table.add_row(*cells)
         return table
 
-    notes = [f"{row.backend}: {row.reason}" for row in rows if not row.available]
+    notes = [f"{row.backend}: not available: {row.reason}" for row in rows
+             if not row.available]
     parts = [Text(""), render.Fit(layout(True), layout(False))]
     if notes:
         parts.append(Text("\n".join(notes), style="dim"))

@@ -315,3 +315,31 @@ def test_sdpa_backends_on_cuda():
     assert rows["math"]["available"]
     if rows["flash"]["available"]:  # the fused kernel never holds S: far less memory
         assert rows["flash"]["peak_bytes"] < rows["math"]["peak_bytes"]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_timing_table_fits_without_a_gpu(width):
+    """The GPU section as it renders on a GPU machine (figures of an H200 run), a backend
+    that could not run included: it fits the width uncut."""
+    import io as text_io
+
+    from rich.console import Console
+
+    from fmtcli.attention.report import AttentionResult, AttentionSettings
+    from fmtcli.attention.timing import TimingRow
+    from fmtcli.render import render
+
+    rows = (TimingRow("math", "float16", True, None, 19.978, 6.9, 10_800_000_000, 4.82e-5,
+                      0.00195, 0.00141),
+            TimingRow("flash", "float16", True, None, 0.702, 195.8, 138_000_000, 5.16e-5,
+                      0.00195, 0.00141),
+            TimingRow("cudnn", "float16", False, "Memory efficient kernel not used because: "
+                      "a very long reason from torch " * 4))
+    settings = AttentionSettings(64, 16, 1024, 1024, 64, True, "float16", "block", False, 0.0,
+                                 0, device="cuda", gpu="NVIDIA H200")
+    result = AttentionResult(settings, io_model(64, 16, 1024, 64), (), rows)
+    out = text_io.StringIO()
+    Console(file=out, width=width).print(render(result))
+    text = out.getvalue()
+    assert ELLIPSIS not in text and "19.978" in text and "not available" in text
+    assert not [line for line in text.splitlines() if len(line) > width], text

@@ -117,12 +117,19 @@ def attention_command(
             raise UsageError(f"--hadamard needs a power-of-two head dim; the FILEs have "
                              f"{qkv[0].shape[3]}")
     progress = StderrProgress("attention")
+    b, h, n, _ = qkv[0].shape if qkv else (shape["batch"], shape["heads"], shape["seq"], 0)
+    n_k = qkv[1].shape[2] if qkv else n
+    unit = 4 * b * h * n * n_k  # the bar counts float32 score bytes: one N x N_k per step
+
+    def steps(done: int, total: int) -> None:
+        progress(done * unit, total * unit)
+
     try:
         result = analyse_attention(spec, **shape, qkv=qkv, inputs=names, causal=causal,
                                    block_q=block_q, block_k=block_k,
                                    granularity=granularity_of(granularity),
                                    hadamard=hadamard, outliers=outliers, seed=seed,
-                                   sram_bytes=sram, io=io, time=on_gpu, progress=progress)
+                                   sram_bytes=sram, io=io, time=on_gpu, progress=steps)
     finally:
         progress.close()
     emit(result, json_out)
