@@ -609,7 +609,33 @@ def compiled_chunk(x, scales, tr, tc, spec, fmax):
     return got, scratch.reshape(rows, cols), hist, flushed, saturated, max_rel
 
 
-@pytest.mark.parametrize("case", ["edges", "ties", "normal", "saturating", "wide"])
+LARGE_SCALE = np.float32(1.37)
+
+
+def large_errors() -> np.ndarray:
+    """FP4 values (scaled by ``LARGE_SCALE``) whose relative errors lie on and next to the
+    bin edges between 1/4 and 4, where the kernel takes an error as possibly inexact: near
+    the grid, and saturated from two to a thousand times max (x_q = fl(6 / s) and x more
+    than a factor 2 apart: x_q - x is inexact); plus values that flush to zero and values a
+    hair from zero: 128 columns."""
+    edges = (np.arange(0x3E80, 0x4080, dtype=np.uint32) << 16).view(np.float32)
+    grid = np.float32([0.5, 1, 1.5, 2, 3, 4, 6]) / LARGE_SCALE
+    ulps = np.arange(-3, 4, dtype=np.int32)
+    wanted = [grid[:, None] / (1 + sign * edges[None, :].astype(np.float64)) for sign in (1, -1)]
+    top = edges[(edges >= 0.5) & (edges < 1)].astype(np.float64)
+    wanted.append(np.float64(6 / LARGE_SCALE) / (1 - top))
+    parts = []
+    for w in wanted:
+        v = w.astype(np.float32).reshape(-1)
+        v = v[np.isfinite(v) & (v > 0)]
+        parts.append((v.view(np.int32)[:, None] + ulps[None, :]).view(np.float32).reshape(-1))
+    parts.append(np.float32([1e-30, 0.2, 0.24, 0.25, 1e-45, -1e-38, 0.0, -0.0]))
+    x = np.concatenate(parts)
+    x[1::2] *= -1
+    return np.r_[x, np.zeros((-x.size) % 128, np.float32)].reshape(-1, 128)
+
+
+@pytest.mark.parametrize("case", ["edges", "ties", "normal", "saturating", "wide", "large"])
 def test_quantize_chunk_element_for_element(case):
     """Each error x_q - x, the histogram (keys next to a bin edge redone exactly), per-block
     flushed / saturated / max relative error, and the sums, against the numpy path's."""
@@ -634,6 +660,10 @@ def test_quantize_chunk_element_for_element(case):
         spec, fmax, tr, tc = FP4, FP4.max, 2, 32
         x = rng.standard_normal((64, 256)).astype(np.float32)
         scales = (8 / chunk.tile_amax(x, tr, tc)).astype(np.float32)  # values past 6
+    elif case == "large":  # relative errors of 1/4 and more next to bin edges
+        spec, fmax = FP4, FP4.max
+        x = large_errors()
+        scales = np.full((x.shape[0], 1), LARGE_SCALE, np.float32)
     else:  # tiles wider than the kernel's 4096-value stretches
         tc = 9000
         x = rng.standard_normal((4, 9000)).astype(np.float32)
@@ -661,6 +691,14 @@ def test_quantize_chunk_element_for_element(case):
         assert np.count_nonzero((low + metrics.EDGE_ULPS) % 0x10000 < 2 * metrics.EDGE_ULPS
                                 ) >= 16000
         assert np.count_nonzero(keys != naive) >= 100
+    if case == "large":  # many inexact errors next to an edge, redone; zeros too
+        with np.errstate(invalid="ignore"):
+            rel = (np.abs(want_err) / np.abs(x)).reshape(-1)
+        low = rel.view(np.uint32) & 0xFFFF
+        near = ((low + metrics.EDGE_ULPS) % 0x10000 < 2 * metrics.EDGE_ULPS) & (rel >= 0.25)
+        assert np.count_nonzero(near & np.isfinite(rel)) >= 1000
+        assert np.count_nonzero(keys != naive) >= 10
+        assert zero_results > 0 and n_saturated > 500
     if case == "ties":
         g = grid_of(ml_dtypes.float8_e4m3fn)
         assert np.isin(np.abs(x), (g[:-1] + g[1:]) / 2).sum() > 1000

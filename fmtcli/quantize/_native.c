@@ -514,59 +514,81 @@ static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past
 }
 
 /* Stage one of a tile row: branch-free, vectorised.  Writes err (float32, for the sums)
- * and each value's histogram key (the top 16 bits of the float32 |err| / |x|), and
- * near[k] (nonzero) where that relative error lies within EDGE_ULPS of a bin edge; counts
- * in *f.  Values past fmax are set to it (fmax inf: values known to stay in range). */
+ * and, per value, the bits of the float32 relative error |err| / |x| -- where x_q is zero
+ * (relative error exactly 1) moved to the middle of 1's bin, 0x3F808000: the same key, and
+ * no bin edge near it for stage_keys to flag (a nonzero x_q with that error 1 is flagged:
+ * its true error may lie below 1); counts in *f, and with
+ * WITH_REL the largest relative error (NaN, 0/0, skipped) for the worst blocks.  Values
+ * past fmax are set to it (fmax inf: values known to stay in range). */
+#define STAGE_ONE(NAME, WITH_REL)                                                   \
+    VECTOR_CLONES                                                                   \
+    static void NAME(const float *restrict x, float s, Py_ssize_t n, Rounding rd,   \
+                     float *restrict err, uint32_t *restrict rel, Found *restrict f) \
+    {                                                                               \
+        uint32_t past = 0, maxbits = f->maxbits, zeros = 0, flushed = 0;            \
+        uint32_t relmax = f->relmax, seen = 0;                                      \
+        for (Py_ssize_t k = 0; k < n; k++) {                                        \
+            float v = x[k];                                                         \
+            float q = quantize_value(v, s, rd, &past);                              \
+            float d = q - v;                                                        \
+            float ad = fabsf(d);                                                    \
+            err[k] = d;                                                             \
+            uint32_t ab = bits_of(ad);                                              \
+            maxbits = ab > maxbits ? ab : maxbits;                                  \
+            uint32_t rb = bits_of(ad / fabsf(v));                                   \
+            uint32_t zero = (uint32_t)(q == 0.0f);                                  \
+            rel[k] = rb ^ ((0u - (zero & (uint32_t)(rb == 0x3F800000u))) & 0x8000u); \
+            zeros += zero;                                                          \
+            flushed += zero & (uint32_t)(v != 0.0f);                                \
+            if (WITH_REL) {                                                         \
+                uint32_t ordered = (uint32_t)(rb <= 0x7F800000u); /* not NaN */     \
+                uint32_t ranked = rb & (0u - ordered);                              \
+                relmax = ranked > relmax ? ranked : relmax;                         \
+                seen += ordered;                                                    \
+            }                                                                       \
+        }                                                                           \
+        f->maxbits = maxbits;                                                       \
+        f->past += past;                                                            \
+        f->zeros += zeros;                                                          \
+        f->flushed += flushed;                                                      \
+        f->relmax = relmax;                                                         \
+        f->seen += seen;                                                            \
+    }
+STAGE_ONE(stage_one, 0)
+STAGE_ONE(stage_one_rel, 1)
+
+/* Stage one's second half, integers only (vectorised; apart, so that stage one keeps its
+ * values in registers): each histogram key (the top 16 bits of the relative error),
+ * written over rel, and near[k] (nonzero) where that relative error lies within EDGE_ULPS
+ * of a bin edge and its float32 bin may be wrong. */
 VECTOR_CLONES
-static void stage_one(const float *x, float s, Py_ssize_t n, Rounding rd, float *err,
-                      uint32_t *keys, uint8_t *near, Found *f)
+static void stage_keys(uint32_t *restrict rel, Py_ssize_t n, uint8_t *restrict near,
+                       Found *restrict f)
 {
-    uint32_t past = 0, maxbits = f->maxbits, zeros = 0, flushed = 0, edges = 0;
-    uint32_t kmin = f->kmin, kmax = f->kmax, relmax = f->relmax, seen = 0;
+    uint32_t kmin = f->kmin, kmax = f->kmax, edges = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
-        float v = x[k];
-        float q = quantize_value(v, s, rd, &past);
-        float d = q - v;
-        float ad = fabsf(d);
-        err[k] = d;
-        uint32_t ab = bits_of(ad);
-        maxbits = ab > maxbits ? ab : maxbits;
-        uint32_t rb = bits_of(ad / fabsf(v));
+        uint32_t rb = rel[k];
         uint32_t key = rb >> HIST_SHIFT;
-        keys[k] = key;
+        rel[k] = key;
         kmin = key < kmin ? key : kmin;
         kmax = key > kmax ? key : kmax;
-        uint32_t zero = (uint32_t)(q == 0.0f);
-        zeros += zero;
-        flushed += zero & (uint32_t)(v != 0.0f);
-        /* 0 < rel < inf (NaN's bits lie above inf's), x_q nonzero, low bits near an edge */
+        /* 0 < rel < inf (NaN's bits lie above inf's), low bits near an edge */
         uint32_t finite = (uint32_t)(rb - 1u < 0x7F7FFFFFu);
-        /* Where x_q and x lie within a factor 2, err is exact (Sterbenz), so the float32
-         * quotient is within half an ulp of the true relative error: only one that landed
-         * exactly on a bin edge can belong to the bin below; the others near an edge are
-         * in the right bin already (bfloat16 data put 0.5% of values near edges). */
-        float aq = fabsf(q), av = fabsf(v);
-        uint32_t exact_err = (uint32_t)(aq <= 2.0f * av) & (uint32_t)(av <= 2.0f * aq);
+        /* A relative error below 1/4 had an exact err: were x_q - x inexact, x_q and x
+         * would lie more than a factor 2 apart (Sterbenz) and |err| >= |x| / 2.  Then the
+         * float32 quotient is within half an ulp of the true relative error: only one that
+         * landed exactly on a bin edge can belong to the bin below; the others near an edge
+         * are in the right bin already (bfloat16 data put 0.5% of values near edges). */
+        uint32_t exact_err = (uint32_t)(rb < 0x3E800000u);
         uint32_t on_edge = (uint32_t)((rb & 0xFFFFu) == 0);
-        uint32_t edge = finite & (1u - zero)
-                        & (uint32_t)(((rb + EDGE_ULPS) & 0xFFFFu) < 2 * EDGE_ULPS)
+        uint32_t edge = finite & (uint32_t)(((rb + EDGE_ULPS) & 0xFFFFu) < 2 * EDGE_ULPS)
                         & ((1u - exact_err) | on_edge);
         edges += edge;
         near[k] = (uint8_t)(edge * (2u - exact_err)); /* 1: err exact, on an edge; 2: redo */
-        uint32_t ordered = (uint32_t)(rb <= 0x7F800000u); /* not NaN (0/0) */
-        uint32_t ranked = rb & (0u - ordered);
-        relmax = ranked > relmax ? ranked : relmax;
-        seen += ordered;
     }
-    f->maxbits = maxbits;
-    f->past += past;
-    f->zeros += zeros;
-    f->flushed += flushed;
-    f->edges += edges;
     f->kmin = kmin;
     f->kmax = kmax;
-    f->relmax = relmax;
-    f->seen += seen;
+    f->edges += edges;
 }
 
 /* Stage two (rare): the relative errors within EDGE_ULPS of a bin edge (near[k]) get their
@@ -728,7 +750,11 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
                     uint32_t past = f.past, flushed_before = f.flushed, edges = f.edges;
                     f.relmax = 0;
                     f.seen = 0;
-                    stage_one(xv, s, len, rd, ev, keys, near, &f);
+                    if (max_rel)
+                        stage_one_rel(xv, s, len, rd, ev, keys, &f);
+                    else
+                        stage_one(xv, s, len, rd, ev, keys, &f);
+                    stage_keys(keys, len, near, &f);
                     if (f.edges != edges) redo_edges(xv, s, len, rd, ev, near, keys, &f);
                     add_keys(keys, len);
                     if (block_saturated) block_saturated[brow + bj] += f.past - past;
