@@ -24,7 +24,7 @@ def _shape_option(name: str, text: str):
 
 
 @app.command("attention", cls=UsageWithEllipsis,
-             short_help="Attention in FP8/BF16/...: error, HBM traffic, GPU time.")
+             short_help="Attention in FP8, BF16, FP16: error, HBM traffic, GPU time.")
 def attention_command(
     files: Annotated[Optional[list[str]], typer.Argument(
         metavar="FILE", help="Q, K, V: three files (.npy .npz .safetensors ...), or one "
