@@ -28,6 +28,10 @@ from .timing import TimingRow
 #: temporaries are made a group of heads at a time, but Q, K, V, O and the reference are
 #: whole (a few GB at this size).
 MAX_ELEMENTS = 1 << 26
+#: One head's scores held at once (float64 for the reference: 2 GiB), and all scores of a
+#: run (the GPT-2-medium shape of the paper's Fig. 2 has 2**30: about a minute on 16 cores).
+MAX_HEAD_SCORES = 1 << 28
+MAX_SCORES = 1 << 31
 QKV_NAMES = ({"q", "query"}, {"k", "key"}, {"v", "value"})
 
 
@@ -127,11 +131,22 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, tupl
     return q, k, v, tuple(s.name for s in sources)
 
 
-def check_size(batch: int, heads: int, seq: int, dim: int) -> None:
+def check_size(batch: int, heads: int, seq: int, dim: int, seq_k: int | None = None) -> None:
+    """Refuse shapes the CPU emulation cannot hold or finish: Q beyond MAX_ELEMENTS, one
+    head's N x N_k scores beyond MAX_HEAD_SCORES (held at once, float64 for the reference),
+    all scores beyond MAX_SCORES (minutes of work)."""
+    seq_k = seq if seq_k is None else seq_k
+    tail = "; the IO model alone has no limit (pass io=True)"
     if batch * heads * seq * dim > MAX_ELEMENTS:
         raise UsageError(f"batch x heads x seq x dim = {batch * heads * seq * dim:,} is more "
-                         f"than the CPU emulation takes ({MAX_ELEMENTS:,}); the IO model "
-                         "alone has no limit (pass io=True)")
+                         f"than the CPU emulation takes ({MAX_ELEMENTS:,}){tail}")
+    if seq * seq_k > MAX_HEAD_SCORES:
+        raise UsageError(f"one head's {seq:,} x {seq_k:,} scores are more than the CPU "
+                         f"emulation holds at once ({MAX_HEAD_SCORES:,}: seq 16384){tail}")
+    if batch * heads * seq * seq_k > MAX_SCORES:
+        raise UsageError(f"batch x heads x seq x seq = {batch * heads * seq * seq_k:,} "
+                         f"scores are more than the CPU emulation computes ({MAX_SCORES:,})"
+                         f"{tail}")
 
 
 def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: int = 1024,
@@ -165,7 +180,7 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
                     outliers=outliers, seed=seed, inputs=tuple(inputs))
     if io:
         return AttentionResult(AttentionSettings(**settings), model, io_only=True)
-    check_size(batch, heads, max(seq, seq_k), dim)
+    check_size(batch, heads, seq, dim, seq_k)
     if time:  # fail before the CPU work when there is no GPU to time on
         from .timing import TORCH_DTYPES, cuda_torch
 
