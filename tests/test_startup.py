@@ -125,3 +125,32 @@ def test_fmt_help_lists_the_commands_in_the_order_of_a_session():
               if line.strip() and not line.startswith("   ")]  # not a wrapped help line
     assert listed == ["range", "underflow", "quantize", "scale-search", "loss-scale",
                       "check-backends", "softmax", "attention"]
+
+
+@pytest.mark.parametrize("args, built", [(["range", "fp16", "--json"], 1),
+                                         (["quantize", "--help"], 1),
+                                         (["--help"], None), ([], None),
+                                         (["quantiz"], None)])
+def test_fmt_command_builds_the_parser_of_that_command_alone(monkeypatch, capsys, args, built):
+    """typer builds every command's parser on every run (~30 ms); ``main`` hands it the one
+    command asked for, the whole group otherwise, and leaves the registry as it was."""
+    import importlib
+
+    import typer.main
+
+    app_module = importlib.import_module("fmtcli.cli.app")  # (fmtcli.cli.app: the Typer)
+
+    every = list(app_module.app.registered_commands)
+    calls = []
+    real = typer.main.get_command_from_info
+    monkeypatch.setattr(typer.main, "get_command_from_info",
+                        lambda *a, **kw: (calls.append(kw.get("command_info", a[0] if a else None)),
+                                          real(*a, **kw))[1])
+    monkeypatch.setattr(sys, "argv", ["fmt", *args])
+    with pytest.raises(SystemExit):
+        app_module.main()
+    capsys.readouterr()
+    assert len(calls) == (len(every) if built is None else built)
+    if built:
+        assert app_module.command_name(calls[0]) == args[0]
+    assert app_module.app.registered_commands == every
