@@ -38,7 +38,6 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from .errors import DataError, shown
@@ -128,11 +127,18 @@ def read_header(handle, where: str) -> Header:
 
 def _dtype_from_descr(descr, where: str) -> tuple[np.dtype | None, str | None]:
     if descr == "<V2":
+        import ml_dtypes
+
         return np.dtype(ml_dtypes.bfloat16), None
     if descr in ("<V1", "<f1"):
         return None, f"dtype {descr!r} is {_UNKNOWN_1_BYTE}"
     try:
-        dtype = np.lib.format.descr_to_dtype(descr)
+        try:
+            dtype = np.lib.format.descr_to_dtype(descr)
+        except TypeError:  # a name ml_dtypes registers (imported only when needed: 5 ms)
+            import ml_dtypes
+
+            dtype = np.lib.format.descr_to_dtype(descr)
     except Exception:  # any literal can reach numpy's parser; none may escape as a crash
         text = repr(descr)
         text = text if len(text) <= 40 else text[:40] + "..."

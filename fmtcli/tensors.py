@@ -32,7 +32,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from . import npyfile, textparse
@@ -45,10 +44,23 @@ FLOAT_KINDS = FLOAT_NAMES  # the real floating-point types (dtypes.TABLE)
 
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype of a storage type's name (ml_dtypes for the narrow floats)."""
+    if name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8",
+                "bool"):
+        return np.dtype(name)  # numpy's own: ml_dtypes (5 ms to import) is not needed
+    import ml_dtypes
+
     return np.dtype(getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else name)
 
 
-_SAFETENSORS_DTYPES = {code: numpy_dtype(name) for code, name in SAFETENSORS_NAMES.items()}
+_SAFETENSORS_DTYPES: dict[str, np.dtype] = {}
+
+
+def safetensors_dtypes() -> dict[str, np.dtype]:
+    """numpy dtypes by safetensors code (built on first use: it imports ml_dtypes)."""
+    if not _SAFETENSORS_DTYPES:
+        _SAFETENSORS_DTYPES.update({code: numpy_dtype(name)
+                                    for code, name in SAFETENSORS_NAMES.items()})
+    return _SAFETENSORS_DTYPES
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -219,10 +231,10 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
             raise DataError(f"{where}: tensor {shown(name)} points outside the file "
                             "(truncated or corrupt file)")
         spans.append((begin, end, name))
-        if dtype_code not in _SAFETENSORS_DTYPES:
+        if dtype_code not in safetensors_dtypes():
             entry["_skip"] = f"safetensors dtype {shown(dtype_code)} is not supported"
         elif end - begin != (need := math.prod(shape)
-                             * _SAFETENSORS_DTYPES[dtype_code].itemsize):
+                             * safetensors_dtypes()[dtype_code].itemsize):
             raise DataError(f"{where}: tensor {shown(name)} has the wrong size (its shape "
                             f"and dtype need {need:,} bytes, its offsets span "
                             f"{end - begin:,}; corrupt file)")
@@ -244,7 +256,7 @@ def _load_safetensors(path: str) -> list[TensorSource]:
         if "_skip" in entry:
             sources.append(TensorSource(path, name, shape, entry["dtype"], None, entry["_skip"]))
             continue
-        dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
+        dtype = safetensors_dtypes()[entry["dtype"]]
         offset = data_start + entry["data_offsets"][0]
 
         def opener(dtype=dtype, offset=offset, shape=shape):
@@ -257,6 +269,7 @@ def _load_safetensors(path: str) -> list[TensorSource]:
 
 
 def _torch_to_numpy(tensor) -> np.ndarray | None:
+    import ml_dtypes
     import torch
 
     mapping = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}

@@ -107,7 +107,7 @@ def test_one_table_of_storage_types_feeds_every_list():
         # numpy's own floats have kind 'f', ml_dtypes' kind 'V'; ints 'i'/'u', bool 'b'
         assert (dtype.kind in "fV") == t.floating, t.name
         assert dtype.kind != "V" or hasattr(ml_dtypes, t.name)
-    assert {code: d.name for code, d in tensors._SAFETENSORS_DTYPES.items()} == \
+    assert {code: d.name for code, d in tensors.safetensors_dtypes().items()} == \
         dtypes.SAFETENSORS_NAMES
     assert set(dtypes.KERNEL_CODES) == {"float32", "bfloat16", "float16"}
 
@@ -154,3 +154,12 @@ def test_fmt_command_builds_the_parser_of_that_command_alone(monkeypatch, capsys
     if built:
         assert app_module.command_name(calls[0]) == args[0]
     assert app_module.app.registered_commands == every
+
+
+def test_a_float32_file_is_quantized_without_ml_dtypes(tmp_path):
+    """ml_dtypes (~5 ms to import) loads only for the narrow types that need it."""
+    import numpy as np
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.linspace(-1, 1, 300, dtype=np.float32))
+    assert "ml_dtypes" not in loaded("quantize", str(path), "--json")
