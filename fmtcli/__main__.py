@@ -1,6 +1,6 @@
 """``python -m fmtcli``: the same command line as ``fmt``."""
 
-from .cli import app
+from .cli import main
 
 if __name__ == "__main__":
-    app(prog_name="fmtcli")
+    main(prog_name="fmtcli")

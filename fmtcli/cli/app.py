@@ -157,15 +157,16 @@ def command_name(info) -> str:
     return info.name or info.callback.__name__.replace("_", "-")
 
 
-def main() -> None:
-    """Console-script entry point.
+def main(prog_name: str | None = None) -> None:
+    """Console-script entry point (``prog_name``: the name usage lines show; the script's
+    own by default).
 
     ``fmt COMMAND ...`` builds the parser of that one command: typer would build every
     command's from its signature (evaluating each option's annotations) on every run, ~30 ms
     of the start-up of any command.  Anything else (``fmt``, ``fmt --help``, a mistyped
     command) gets the whole group.
     """
-    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fmt"
+    prog = prog_name or (os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fmt")
     every = app.registered_commands
     asked = [info for info in every if sys.argv[1:2] == [command_name(info)]]
     try:
