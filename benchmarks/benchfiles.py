@@ -23,11 +23,17 @@ def ensure_bench_file(path: str = BENCH_FILE) -> str:
     return path
 
 
-def tiny_file(beside: str) -> str:
-    """A 128-value float32 ``.npy`` next to ``beside``: the same command on it times the
-    command's start-up (the same imports and set-up, no work).  The caller deletes it."""
-    path = beside + ".tiny.npy"
-    np.save(path, np.linspace(-1, 1, 128, dtype=np.float32))
+def tiny_file(beside: str, dtype: str = "float32") -> str:
+    """A 128-value ``.npy`` of ``dtype`` next to ``beside``: the same command on it times the
+    command's start-up (the same imports and set-up, no work; a bfloat16 file also loads
+    ml_dtypes, as a bfloat16 run does).  The caller deletes it."""
+    path = f"{beside}.tiny.{dtype}.npy"
+    values = np.linspace(-1, 1, 128, dtype=np.float32)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        values = values.astype(ml_dtypes.bfloat16)
+    np.save(path, values.astype(dtype) if dtype != "bfloat16" else values)
     return path
 
 
