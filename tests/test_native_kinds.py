@@ -255,3 +255,40 @@ def test_fraction_counts_is_the_plain_histogram(seed):
                                       minlength=blocks.FRACTION_BINS))
     assert np.array_equal(blocks.fraction_counts(np.array([3]), np.array([7])),
                           blocks.fraction_counts(np.array([[3]]), np.array([[7]])))
+
+
+def test_a_build_without_the_x86_paths_gives_the_same_bits(kernel, tmp_path):
+    """The source compiled as on a CPU without x86 extensions (no target clones, no F16C or
+    AVX2 code: ``FMTCLI_PORTABLE_ONLY``) builds and agrees with the installed module."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+    from pathlib import Path
+
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    source = Path(native.__file__).with_name("_native.c")
+    target = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run([compiler, "-O2", "-ffp-contract=off", "-fno-math-errno", "-fPIC",
+                    "-shared", "-DFMTCLI_PORTABLE_ONLY", "-I", sysconfig.get_paths()["include"],
+                    str(source), "-o", str(target)], check=True, capture_output=True)
+    spec = importlib.util.spec_from_file_location("_native", target)
+    portable = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(portable)
+    for dtype, kind in KINDS.values():
+        x = sample(dtype, (8, 1024), kind)
+        wide = x.astype(np.float32)
+        amax = chunk.tile_amax(wide, 1, 128)
+        scales = np.where(amax > 0, 448 / amax, 1).astype(np.float32)
+        assert (run_chunk(portable, x.view(np.uint16), kind, scales, 1, 128, math.inf)[0]
+                == run_chunk(kernel, x.view(np.uint16), kind, scales, 1, 128, math.inf)[0])
+        for big in (1.0, 2.0 ** 60):
+            assert (portable.sum_squares(x.view(np.uint16), x.size, big, kind)
+                    == kernel.sum_squares(x.view(np.uint16), x.size, big, kind))
+    h = every_pattern(np.float16)
+    a, b = np.empty(h.size, np.float32), np.empty(h.size, np.float32)
+    portable.widen_f16(h, a, h.size)
+    kernel.widen_f16(h, b, h.size)
+    assert np.array_equal(bits(a), bits(b))

@@ -28,7 +28,8 @@
 #define PW_BLOCKSIZE 128
 #define BLOCK_MAX 4096 /* tile widths up to this run the two-stage inner loop */
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
+    && !defined(FMTCLI_PORTABLE_ONLY)
 /* AVX2 twice the lanes of the baseline SSE2; same IEEE results (no FMA is enabled) */
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -107,7 +108,7 @@ static void widen_half_portable(const uint16_t *h, float *out, Py_ssize_t n)
     for (Py_ssize_t i = 0; i < n; i++) out[i] = half_value(h[i]);
 }
 
-#if defined(__GNUC__) && defined(__x86_64__)
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(FMTCLI_PORTABLE_ONLY)
 #include <immintrin.h>
 #define HAVE_F16C_PATHS 1
 /* The hardware conversion (VCVTPH2PS: 16 values an instruction with AVX-512F, 8 with
