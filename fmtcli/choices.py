@@ -92,6 +92,21 @@ class ScaleGranularity(str, Enum):
     BLOCK = "block"
 
 
+class AccumulationRounding(str, Enum):
+    """How ``fmt dot``'s limited accumulator drops the bits below its last place: truncation
+    (what tensor cores are measured to do) or round-to-nearest-even."""
+
+    TOWARD_ZERO = "toward-zero"
+    NEAREST_EVEN = "nearest-even"
+
+
+class DotDevice(str, Enum):
+    """Where ``fmt dot`` also runs the real FP8 GEMM (its emulation is numpy, CPU)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
 class Metric(str, Enum):
     """What scale-search's best rule minimises (SQNR: maximises)."""
 

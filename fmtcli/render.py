@@ -30,6 +30,7 @@ from .plaintable import (
     segments,
 )
 from .render_attention import render_attention
+from .render_dot import render_dot
 from .render_softmax import render_softmax
 
 if TYPE_CHECKING:  # the result types: loaded by the command that made the result
@@ -845,6 +846,7 @@ RENDERERS = {
     ("fmtcli.conformance", "ConformanceResult"): render_conformance,
     ("fmtcli.attention.report", "AttentionResult"): render_attention,
     ("fmtcli.attention.softmax", "SoftmaxTrace"): render_softmax,
+    ("fmtcli.arithmetic.dot", "DotResult"): render_dot,
 }
 
 

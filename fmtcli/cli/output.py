@@ -40,7 +40,9 @@ FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
          "chunk": "--chunk", "metric": "--metric", "top": "--top", "sort": "--sort",
          "worst_blocks": "--worst-blocks", "sram": "--sram", "io": "--io",
          "hadamard": "--hadamard", "dim": "--dim", "block_q": "--block-q",
-         "block_k": "--block-k", "outliers": "--outliers"}
+         "block_k": "--block-k", "outliers": "--outliers",
+         "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
+         "accumulator": "--accumulator", "scale_granularity": "--scale-granularity"}
 KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 

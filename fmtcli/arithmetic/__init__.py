@@ -1,0 +1,42 @@
+"""Arithmetic in a format, the article's second lesson: every operation computed exactly
+and rounded once, in a chosen format and rounding mode.
+
+- ``ops`` -- the round-once engine: a rational or a float64 rounded to any format by any
+  mode (``round_rational``, ``round_float``), and ``Arithmetic``: +, -, *, /, fma and sqrt
+  IEEE 754 style;
+- ``calc`` -- ``fmt calc``: a small expression evaluated step by step in each format, each
+  step's exact value, rounded value and error, and where a term was absorbed;
+- ``summation`` -- ``fmt sum``: values added with the running sum held in each accumulator
+  format, in a chosen order, against the exact sum; where the sum stalls; and the weight
+  update of mixed-precision training with and without an FP32 master copy.
+
+The names below load on first use (PEP 562), so importing one module of this package does
+not import the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Arithmetic": "ops", "round_rational": "ops", "round_float": "ops",
+    "arithmetic_spec": "ops",
+    "CalcResult": "calc", "CalcFormat": "calc", "CalcStep": "calc", "calculate": "calc",
+    "parse_expression": "calc",
+    "SumResult": "summation", "AccumulatorResult": "summation", "sum_values": "summation",
+    "weight_update": "summation", "sum_inputs": "summation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fmtcli.arithmetic' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
