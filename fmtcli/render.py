@@ -30,6 +30,7 @@ from .plaintable import (
     segments,
 )
 from .render_attention import render_attention
+from .render_compare import render_compare
 from .render_dot import render_dot
 from .render_softmax import render_softmax
 
@@ -847,6 +848,7 @@ RENDERERS = {
     ("fmtcli.attention.report", "AttentionResult"): render_attention,
     ("fmtcli.attention.softmax", "SoftmaxTrace"): render_softmax,
     ("fmtcli.arithmetic.dot", "DotResult"): render_dot,
+    ("fmtcli.compare", "CompareResult"): render_compare,
 }
 
 
