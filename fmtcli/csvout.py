@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .compare import CompareResult
     from .quantize.results import QuantizeResult, SchemeStats, TensorResult
 
 TENSOR_FIELDS = ("tensor", "source", "key", "shape", "dtype")
@@ -74,4 +75,29 @@ def to_csv(result: QuantizeResult) -> str:
     writer.writerow(FIELDS)
     for row in rows(result):
         writer.writerow([cell(row[name]) for name in FIELDS])
+    return out.getvalue()
+
+
+# -- fmt compare --csv: one row per tensor pair ---------------------------------------------
+
+CSV_FIELDS = ("name", "shape", "ref_dtype", "test_dtype", "count", "nonzero", "differ",
+              "ref_nan", "ref_inf", "test_nan", "test_inf", "unbounded", "sqnr_db", "cosine",
+              "calc_diff", "rel_frobenius", "max_abs_error", "max_rel_error",
+              "median_rel_error", "p99_rel_error")
+CSV_LOGIT_FIELDS = ("rows", "bad_rows", "kl_mean", "kl_median", "kl_p99", "kl_max",
+                    "top1_agreement", "top5_overlap")
+
+
+def compare_csv(result: CompareResult) -> str:
+    """One row per tensor pair (REF's order), the JSON key names as the header; the logit
+    figures too with ``--logits``.  nan/inf written so, as ``csvout`` writes them."""
+    fields = CSV_FIELDS + (CSV_LOGIT_FIELDS if result.logits else ())
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(fields)
+    for t in result.tensors:
+        row = t.to_dict()
+        row["shape"] = "x".join(map(str, t.ref.shape))
+        row.update(row.pop("logits", None) or {})
+        writer.writerow([cell(row[name]) for name in fields])
     return out.getvalue()

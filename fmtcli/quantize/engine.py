@@ -28,6 +28,7 @@ from ..scaling import Product, ScaleRule
 from ..schemes import ScaleFormat, Scheme, for_tensor
 from ..tensors import TensorSource, numpy_dtype
 from .blocks import (
+    EXP_BINS,
     FRACTION_BINS,
     WORST_FIELDS,
     BlockAccumulator,
@@ -78,8 +79,19 @@ def plan_schemes(source: TensorSource, schemes: list[Scheme]) -> list[Plan]:
 def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
                 progress: Callable[[int], None] | None) -> None:
     """amax of the tiles that span all rows (or the whole row), and NVFP4's tensor amax;
-    sets each such plan's scales or tensor scale.  Each worker keeps one running maximum
-    per tile column (memory: workers x columns, whatever the tensor's length)."""
+    sets each such plan's scales or tensor scale (``first_pass_partials``, then
+    ``apply_first_pass``)."""
+    apply_first_pass(plans, *first_pass_partials(reader, chunks, plans, workers, progress))
+
+
+def first_pass_partials(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
+                        progress: Callable[[int], None] | None = None):
+    """The first pass over ``chunks`` (all of a tensor's, or some of them: a Dask task's
+    share, ``distributed``): one running maximum per tile column and worker, and for
+    percentile rules one histogram of |x| per worker.  Returns (maxima per first-pass plan:
+    arrays of workers x tile columns, histograms: workers x ``HIST_BINS`` or None); maxima
+    of several calls stack along their first axis and histograms add up, exactly
+    (memory: workers x columns, whatever the tensor's length)."""
     cols = reader.cols
     targets = [p for p in plans if needs_first_pass(p)]
     widths = [-(-cols // p.tile[1]) if p.is_global else 1 for p in targets]
@@ -108,6 +120,14 @@ def _first_pass(reader: ChunkReader, chunks, plans: list[Plan], workers: int,
         return x.size
 
     run_tasks(task, len(chunks), workers, progress)
+    return partial, hists
+
+
+def apply_first_pass(plans: list[Plan], partial: list[np.ndarray],
+                     hists: np.ndarray | None) -> None:
+    """Set the scales (or NVFP4's tensor scale) of the plans that need a first pass, from
+    ``first_pass_partials``' maxima and histograms (of all the tensor's chunks)."""
+    targets = [p for p in plans if needs_first_pass(p)]
     for p, out in zip(targets, partial):
         amax = out.max(axis=0, keepdims=True)
         if p.needs_tensor_amax:
@@ -234,95 +254,178 @@ def _quantize_tensor(reader, source, schemes, seed, chunk_elements, workers, pro
         offset = rows * cols
     kernels = [ChunkKernel(p, seed, b, d, source.name, worst, mse_only)
                for p, (b, d) in zip(plans, casts)]
-    packed = len(ErrorAccumulator.PACKED)
     n_workers = worker_count(workers, chunks)
-    forks = n_workers > 1
-    records = work_array((len(chunks), len(plans), packed), np.float64, forks)
-    # mse_only: no histogram (an accumulator whose chunk falls back to the full statistics
-    # makes its own, unused: mse() reads the sums alone)
-    hists = (None if mse_only else
-             work_array((n_workers, len(plans), HIST_BINS), np.int64, forks))
-    # per-block facts: scalars per chunk, the flushed-fraction histogram per worker, and the
-    # worst blocks of each chunk (merged in chunk order, like everything else)
-    block_records = work_array((len(chunks), len(plans), len(BlockAccumulator.PACKED)),
-                               np.int64, forks)
-    fractions = work_array((n_workers, len(plans), FRACTION_BINS), np.int64, forks)
-    # a chunk cannot hold more blocks than values: the rows kept per chunk are bounded by
-    # its size, whatever --worst-blocks asks for
-    per_chunk = min(worst, max((-(-(rs.stop - rs.start) // p.tile[0]))
-                               * (-(-(cs.stop - cs.start) // p.tile[1]))
-                               for p in plans for rs, cs in chunks))  # blocks in a chunk
-    worst_rows = work_array((len(chunks), len(plans), per_chunk, len(WORST_FIELDS)),
-                            np.float64, forks) if worst else None
-    long_row = rows == 1 and len(chunks) > 1
-    grids = [None if p.is_global else
-             work_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
-                        np.float64 if p.scheme.product is Product.EXACT else np.float32, forks)
-             for p in plans]
+    work = ChunkPass(plans, kernels, rows, cols, chunks, n_workers, worst, mse_only)
+    run_tasks(lambda index, worker: work.task(reader, index, worker, keep, keep_mode, sink),
+              len(chunks), n_workers,
+              (lambda done: progress(offset + done, total)) if progress else None)
+    results = work.runs()
+    kept = None
+    if keep is not None:
+        grid = plans[keep].scales if plans[keep].is_global else work.grids[keep]
+        kept = (np.array(grid), plans[keep].tile)
+    return results, kept
 
-    # bfloat16/float16 chunks as stored where a scheme runs the compiled kernel (no widened
-    # copy; the others widen the chunk once, kept in ``shared``)
-    as_stored = any(k.native is not None for k in kernels)
 
-    def task(index: int, worker: int) -> int:
-        rs, cs = chunks[index]
-        x = reader.read(rs, cs, as_stored=as_stored)
+class ChunkPass:
+    """The chunk pass of one tensor: every chunk's statistics under every plan, and their
+    merge into one ``SchemeRun`` per plan.
+
+    Sums are kept per chunk and merged in chunk order (so results depend neither on the
+    number of workers nor on their timing); integer histograms per worker (they add up
+    exactly in any order); scales in a grid per plan (tiles of the matrix view).  The
+    engine runs ``task`` on forked workers writing into shared arrays; a Dask task
+    (``distributed``) runs it for some of the chunks in one process, sends back ``part``,
+    and the client's pass (``grids=False``) takes each in with ``absorb``."""
+
+    def __init__(self, plans: list[Plan], kernels: list[ChunkKernel], rows: int, cols: int,
+                 chunks: list, n_workers: int, worst: int, mse_only: bool,
+                 grids: bool = True) -> None:
+        self.plans, self.kernels, self.chunks = plans, kernels, chunks
+        self.rows, self.cols, self.worst, self.mse_only = rows, cols, worst, mse_only
+        forks = n_workers > 1
+        packed = len(ErrorAccumulator.PACKED)
+        self.records = work_array((len(chunks), len(plans), packed), np.float64, forks)
+        # mse_only: no histogram (an accumulator whose chunk falls back to the full
+        # statistics makes its own, unused: mse() reads the sums alone)
+        self.hists = (None if mse_only else
+                      work_array((n_workers, len(plans), HIST_BINS), np.int64, forks))
+        # per-block facts: scalars per chunk, the flushed-fraction histogram per worker, and
+        # the worst blocks of each chunk (merged in chunk order, like everything else)
+        self.block_records = work_array((len(chunks), len(plans),
+                                         len(BlockAccumulator.PACKED)), np.int64, forks)
+        self.fractions = work_array((n_workers, len(plans), FRACTION_BINS), np.int64, forks)
+        # a chunk cannot hold more blocks than values: the rows kept per chunk are bounded
+        # by its size, whatever --worst-blocks asks for
+        self.per_chunk = min(worst, max((-(-(rs.stop - rs.start) // p.tile[0]))
+                                        * (-(-(cs.stop - cs.start) // p.tile[1]))
+                                        for p in plans for rs, cs in chunks))
+        self.worst_rows = work_array((len(chunks), len(plans), self.per_chunk,
+                                      len(WORST_FIELDS)), np.float64, forks) if worst else None
+        self.long_row = rows == 1 and len(chunks) > 1
+        self.grids = [None if p.is_global or not grids else
+                      work_array((-(-rows // p.tile[0]), -(-cols // p.tile[1])),
+                                 np.float64 if p.scheme.product is Product.EXACT
+                                 else np.float32, forks)
+                      for p in plans]
+        # with grids=False: each plan's scale summary and exponent counts, as absorbed
+        self.scale_parts = [(ScaleSummary(), np.zeros(EXP_BINS, np.int64)) for _ in plans]
+        # bfloat16/float16 chunks as stored where a scheme runs the compiled kernel (no
+        # widened copy; the others widen the chunk once, kept in ``shared``)
+        self.as_stored = any(k.native is not None for k in kernels)
+
+    def task(self, reader: ChunkReader, index: int, worker: int, keep: int | None = None,
+             keep_mode: str = "values", sink: Callable | None = None) -> int:
+        """Read chunk ``index`` and run every plan's kernel on it; returns its size."""
+        rs, cs = self.chunks[index]
+        x = reader.read(rs, cs, as_stored=self.as_stored)
         shared: dict = {}
-        for i, kernel in enumerate(kernels):
-            acc, scales, kept, facts = kernel.run(x, (rs.start, cs.start, cols),
-                                                  None if hists is None else hists[worker, i],
-                                                  keep_mode if keep == i else None, shared)
-            acc.pack(records[index, i])
+        for i, kernel in enumerate(self.kernels):
+            acc, scales, kept, facts = kernel.run(
+                x, (rs.start, cs.start, self.cols),
+                None if self.hists is None else self.hists[worker, i],
+                keep_mode if keep == i else None, shared)
+            acc.pack(self.records[index, i])
+            first_row, first_col = (0, 0)
             if scales is not None:
-                tr, tc = plans[i].tile
-                first_row, first_col = (0, cs.start // tc) if long_row else (rs.start // tr, 0)
-                grids[i][first_row:first_row + scales.shape[0],
-                         first_col:first_col + scales.shape[1]] = scales
+                tr, tc = self.plans[i].tile
+                first_row, first_col = ((0, cs.start // tc) if self.long_row
+                                        else (rs.start // tr, 0))
+                self.grids[i][first_row:first_row + scales.shape[0],
+                              first_col:first_col + scales.shape[1]] = scales
             if facts is not None:
-                block_records[index, i] = (facts.flushed.size,
-                                           np.count_nonzero(facts.flushed), facts.saturating)
-                fractions[worker, i] += fraction_counts(facts.flushed, facts.sizes)
-                if worst:
-                    worst_rows[index, i] = chunk_worst(facts.flushed, facts.max_rel, facts.amax,
-                                                       facts.scale, facts.sizes, first_row,
-                                                       first_col, per_chunk)
+                self.block_records[index, i] = (facts.flushed.size,
+                                                np.count_nonzero(facts.flushed),
+                                                facts.saturating)
+                self.fractions[worker, i] += fraction_counts(facts.flushed, facts.sizes)
+                if self.worst:
+                    self.worst_rows[index, i] = chunk_worst(
+                        facts.flushed, facts.max_rel, facts.amax, facts.scale, facts.sizes,
+                        first_row, first_col, self.per_chunk)
             if kept is not None and sink is not None:
                 sink(rs, cs, kept)
         return x.size
 
-    run_tasks(task, len(chunks), n_workers,
-              (lambda done: progress(offset + done, total)) if progress else None)
-    results = []
-    for i, plan in enumerate(plans):
-        acc = ErrorAccumulator(hist=None if hists is None else
-                               hists[0, i].copy() if n_workers == 1 else hists[:, i].sum(axis=0))
-        for index in range(len(chunks)):
-            acc.merge(ErrorAccumulator.unpack(records[index, i]), hist=False)
-        if mse_only:  # the squared errors are all a search asks of this run
-            results.append(SchemeRun(plan.scheme, acc, ScaleSummary()))
-            continue
-        summary = ScaleSummary()
-        grid = plan.scales if plan.is_global else grids[i]
-        summary.add(grid)
-        run = SchemeRun(plan.scheme, acc, summary, exponent_counts(grid))
-        if plan.is_global and one_block(plan, rows, cols):
-            # a block scheme on a tensor that fits in one block (a short bias): that block
-            run.blocks = BlockAccumulator(1, int(acc.flushed > 0), int(acc.saturated > 0),
-                                          fraction_counts(np.array([acc.flushed]),
-                                                          np.array([max(acc.count, 1)])))
-        if not plan.is_global:
-            run.blocks = BlockAccumulator(*(int(v) for v in block_records[:, i].sum(axis=0)),
-                                          fractions=fractions[:, i].sum(axis=0))
-            if worst:
-                found = worst_rows[:, i].reshape(-1, len(WORST_FIELDS))
-                run.worst = top_blocks(np.concatenate([found, np.zeros((len(found), 1))],
-                                                      axis=1), worst)
-        results.append(run)
-    kept = None
-    if keep is not None:
-        grid = plans[keep].scales if plans[keep].is_global else grids[keep]
-        kept = (np.array(grid), plans[keep].tile)
-    return results, kept
+    def grid_rows(self, i: int, first: int, stop: int) -> np.ndarray:
+        """The part of plan ``i``'s scale grid that chunks ``first`` .. ``stop - 1`` wrote
+        (chunks are aligned to every local tile: no tile is shared by two chunks)."""
+        tr, tc = self.plans[i].tile
+        (r0, c0), (r1, c1) = self.chunks[first], self.chunks[stop - 1]
+        if self.long_row:
+            return self.grids[i][:, c0.start // tc:-(-c1.stop // tc)]
+        return self.grids[i][r0.start // tr:-(-r1.stop // tr)]
+
+    def part(self, first: int, stop: int) -> dict:
+        """What chunks ``first`` .. ``stop - 1`` (run by ``task`` with worker 0 in this
+        process) found: per-chunk records, the histograms, and per plan the summary and
+        exponent counts of the scales they used; small (no values, no scale grids)."""
+        part = {"first": first, "stop": stop, "records": self.records[first:stop],
+                "block_records": self.block_records[first:stop],
+                "fractions": self.fractions[0],
+                "hists": None if self.hists is None else self.hists[0],
+                "worst_rows": None if self.worst_rows is None else self.worst_rows[first:stop],
+                "scales": []}
+        for i, plan in enumerate(self.plans):
+            if plan.is_global or self.mse_only:
+                part["scales"].append(None)
+                continue
+            grid = self.grid_rows(i, first, stop)
+            summary = ScaleSummary()
+            summary.add(grid)
+            part["scales"].append((summary, exponent_counts(grid)))
+        return part
+
+    def absorb(self, part: dict) -> None:
+        """Take in another process's ``part`` (``grids=False``, one worker's arrays)."""
+        first, stop = part["first"], part["stop"]
+        self.records[first:stop] = part["records"]
+        self.block_records[first:stop] = part["block_records"]
+        self.fractions[0] += part["fractions"]
+        if self.hists is not None:
+            self.hists[0] += part["hists"]
+        if self.worst_rows is not None:
+            self.worst_rows[first:stop] = part["worst_rows"]
+        for (summary, exponents), found in zip(self.scale_parts, part["scales"]):
+            if found is not None:
+                summary.merge(found[0])
+                exponents += found[1]
+
+    def runs(self) -> list[SchemeRun]:
+        """One ``SchemeRun`` per plan: the chunks' records merged in chunk order."""
+        rows, cols, chunks = self.rows, self.cols, self.chunks
+        hists, results = self.hists, []
+        for i, plan in enumerate(self.plans):
+            acc = ErrorAccumulator(hist=None if hists is None else
+                                   hists[0, i].copy() if len(hists) == 1
+                                   else hists[:, i].sum(axis=0))
+            for index in range(len(chunks)):
+                acc.merge(ErrorAccumulator.unpack(self.records[index, i]), hist=False)
+            if self.mse_only:  # the squared errors are all a search asks of this run
+                results.append(SchemeRun(plan.scheme, acc, ScaleSummary()))
+                continue
+            grid = plan.scales if plan.is_global else self.grids[i]
+            if grid is not None:
+                summary = ScaleSummary()
+                summary.add(grid)
+                exponents = exponent_counts(grid)
+            else:
+                summary, exponents = self.scale_parts[i]
+            run = SchemeRun(plan.scheme, acc, summary, exponents)
+            if plan.is_global and one_block(plan, rows, cols):
+                # a block scheme on a tensor that fits in one block (a short bias): that block
+                run.blocks = BlockAccumulator(1, int(acc.flushed > 0), int(acc.saturated > 0),
+                                              fraction_counts(np.array([acc.flushed]),
+                                                              np.array([max(acc.count, 1)])))
+            if not plan.is_global:
+                run.blocks = BlockAccumulator(*(int(v) for v in
+                                                self.block_records[:, i].sum(axis=0)),
+                                              fractions=self.fractions[:, i].sum(axis=0))
+                if self.worst:
+                    found = self.worst_rows[:, i].reshape(-1, len(WORST_FIELDS))
+                    run.worst = top_blocks(np.concatenate([found, np.zeros((len(found), 1))],
+                                                          axis=1), self.worst)
+            results.append(run)
+        return results
 
 
 def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],
@@ -348,7 +451,8 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
              progress: Progress | None = None, on_tensor: Callable[[str], None] | None = None,
              out: str | None = None, out_scheme: int = -1,
              backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
-             product: Product | str | None = None, worst_blocks: int = 0) -> QuantizeResult:
+             product: Product | str | None = None, worst_blocks: int = 0,
+             run_tensor: Callable | None = None) -> QuantizeResult:
     """Quantize every usable tensor under every scheme; totals and groups by role.
 
     ``progress(done, total)`` counts bytes of the tensors' data (as stored) over all tensors;
@@ -359,7 +463,9 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     (``backends``; torch runs in this process, one chunk at a time).  ``product``: the
     width of ``x * scale`` (``scaling.Product``: float32 by default for every data type,
     or exact); None keeps each scheme's own.  ``worst_blocks``: how many of each scheme's
-    worst blocks to report (0: none).
+    worst blocks to report (0: none).  ``run_tensor``: what runs each tensor, called as
+    ``quantize_tensor`` is (the default); ``distributed`` passes one that collects the
+    tensor's runs from a Dask cluster.
 
     With several tensors the result has a total per scheme; ``groups`` merges the tensors
     whose names differ only in layer indices (``roles``), exactly, in checkpoint order.
@@ -411,7 +517,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
         if on_tensor:
             on_tensor(source.name)
         try:
-            runs, kept = quantize_tensor(
+            runs, kept = (run_tensor or quantize_tensor)(
                 source, schemes, seed=seed, chunk_elements=chunk_elements, workers=workers,
                 progress=tensor_progress, keep=keep, keep_mode="values" if to_npy else "codes",
                 sink=sink, backend=backend, device=device, worst=worst_blocks)

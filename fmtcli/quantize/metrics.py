@@ -316,12 +316,24 @@ class ErrorAccumulator:
     def quantile(self, q: float) -> float:
         """The q-quantile of the relative error over the nonzero finite inputs (the lower
         edge of its histogram bin; inf when it falls among results that are inf/NaN)."""
-        if self.nonzero == 0:
-            return math.nan
-        finite = self.hist[:FINITE_BINS]
-        rank = max(1, math.ceil(q * self.nonzero))  # 1-based rank of the order statistic
-        cumulative = np.cumsum(finite)
-        if rank > cumulative[-1]:
-            return math.inf
-        index = int(np.searchsorted(cumulative, rank))
-        return float(np.uint32(index << HIST_SHIFT).view(np.float32))
+        return histogram_quantile(self.hist, self.nonzero, q)
+
+
+def histogram_quantile(hist: np.ndarray, population: int, q: float) -> float:
+    """The q-quantile of ``population`` values whose histogram (bins: the top 16 bits of the
+    float32 value, as ``ErrorAccumulator.hist``) is ``hist``: the lower edge of its bin; inf
+    when it falls among the values not in a finite bin (inf, NaN); NaN for no value."""
+    if population == 0:
+        return math.nan
+    rank = max(1, math.ceil(q * population))  # 1-based rank of the order statistic
+    cumulative = np.cumsum(hist[:FINITE_BINS])
+    if rank > cumulative[-1]:
+        return math.inf
+    index = int(np.searchsorted(cumulative, rank))
+    return float(np.uint32(index << HIST_SHIFT).view(np.float32))
+
+
+def value_keys(values: np.ndarray) -> np.ndarray:
+    """Histogram keys of nonnegative float64 values (``histogram_quantile``'s bins), each
+    rounded toward zero to float32 first, so that a value is never put above its bin."""
+    return _truncated_keys(np.asarray(values, dtype=np.float64))
