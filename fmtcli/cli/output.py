@@ -42,7 +42,8 @@ FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
          "hadamard": "--hadamard", "dim": "--dim", "block_q": "--block-q",
          "block_k": "--block-k", "outliers": "--outliers",
          "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
-         "accumulator": "--accumulator", "scale_granularity": "--scale-granularity"}
+         "accumulator": "--accumulator", "scale_granularity": "--scale-granularity",
+         "dask": "--dask"}
 KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 

@@ -102,6 +102,11 @@ def quantize_command(
         "--chunk", min=1024, help="Elements per chunk (memory and speed; results do not "
         "depend on it).")] = CHUNK_ELEMENTS,
     workers: WorkersOption = None,
+    dask: Annotated[Optional[str], typer.Option(
+        "--dask", metavar="ADDRESS", help="Run on a Dask cluster: a scheduler "
+        "(tcp://HOST:8786) or local:N (N worker processes here); the workers read the "
+        "files themselves, the statistics are those of one machine.  Needs pip install "
+        "'fmtcli[dask]' (docs/scale-out.md).", show_default=False)] = None,
     per_tensor: Annotated[bool, typer.Option(
         "--per-tensor", help="A row per tensor and scheme, however many tensors (the default "
         f"above {SUMMARY_ABOVE} tensors is a summary: by role, the worst tensors, the "
@@ -147,6 +152,16 @@ def quantize_command(
                                margin=margin, recipe=recipe, rounding=rounding,
                                overflow=overflow, percentile=percentile, fixed_scale=fixed)
     schemes = comparison_schemes(main_scheme, compare.value)
+    if dask is not None:
+        from ..quantize.distributed import check_options, require_distributed
+
+        check_options(dask, backend, device, out)
+        if workers is not None:
+            raise UsageError("--workers sets the processes of this machine; with --dask the "
+                             "cluster's workers do the work (local:N sets how many)")
+        if not files:
+            raise UsageError("--dask needs FILE: the workers read tensors from files")
+        require_distributed(dask)
     if out is not None:
         if compare is Compare.ALL:
             raise UsageError("--out writes one scheme; it cannot go with --compare all")
@@ -164,13 +179,36 @@ def quantize_command(
                      "column, so every element gets its own scale")
     progress = StderrProgress("quantizing")
     try:
-        result = quantize(sources, schemes, seed=seed, chunk_elements=chunk, workers=workers,
-                          progress=progress, on_tensor=progress.tensor, out=out,
-                          backend=backend, device=device, product=product,
-                          worst_blocks=worst_blocks)
+        if dask is not None:
+            result = quantize_on_dask(sources, schemes, dask, seed=seed, chunk_elements=chunk,
+                                      progress=progress, on_tensor=progress.tensor,
+                                      backend=backend, device=device, product=product,
+                                      worst_blocks=worst_blocks, connected=note_dask)
+        else:
+            result = quantize(sources, schemes, seed=seed, chunk_elements=chunk,
+                              workers=workers, progress=progress, on_tensor=progress.tensor,
+                              out=out, backend=backend, device=device, product=product,
+                              worst_blocks=worst_blocks)
     finally:
         progress.close()
     if csv_out:
         emit_csv(result)
     else:
         emit(result, json_out, per_tensor=per_tensor, top=top, sort=sort.value)
+
+
+def quantize_on_dask(sources, schemes, address, **options):
+    """``quantize.distributed.quantize_on_dask``, its result saying where it ran (the
+    ``dask`` key of the JSON)."""
+    from dataclasses import replace
+
+    from ..quantize.distributed import quantize_on_dask as run
+
+    result, where = run(sources, schemes, address, **options)
+    return replace(result, ran_on=where)
+
+
+def note_dask(where: dict) -> None:
+    """Where a --dask run goes, as a note on stderr (before the work starts)."""
+    note(f"running on Dask: scheduler {where['scheduler']}, {where['workers']} workers, "
+         f"{where['threads']} threads ({where['dask']})")

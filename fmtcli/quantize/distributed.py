@@ -62,12 +62,13 @@ MAX_LOCAL_WORKERS = 1024
 _ADDRESS = re.compile(r"(?:(tcp|tls)://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
 
 
-def _distributed():
+def require_distributed(address: str = "..."):
     """The ``distributed`` module, or a usage error naming the install command."""
     try:
         import distributed
     except ImportError:
-        raise UsageError("dask: Dask distributed is not installed", INSTALL) from None
+        raise UsageError(f"dask={shown(address)} needs Dask distributed, which is not "
+                         "installed", INSTALL) from None
     return distributed
 
 
@@ -88,12 +89,13 @@ def parse_address(address: str) -> tuple[str, int | None]:
     return (text if match[1] else f"tcp://{text}"), None
 
 
-def connect(address: str, timeout: float = CONNECT_TIMEOUT):
+def connect(address: str, timeout: float | None = None):
     """(client, cluster or None, where): a client of the scheduler at ``address``, or of a
     ``LocalCluster`` it starts (``local:N``: N processes of one thread, no dashboard);
     ``where`` says where the work runs (``dask``, ``scheduler``, ``workers``, ``threads``)."""
     kind, count = parse_address(address)
-    distributed = _distributed()
+    distributed = require_distributed(address)
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     cluster = None
     if kind == "local":
         cluster = distributed.LocalCluster(n_workers=count, threads_per_worker=1,
@@ -106,6 +108,12 @@ def connect(address: str, timeout: float = CONNECT_TIMEOUT):
         except (OSError, TimeoutError) as error:
             raise DataError(f"dask={shown(address)}: no scheduler answered within "
                             f"{timeout:g} s ({type(error).__name__})") from None
+        try:
+            client.wait_for_workers(1, timeout=timeout)
+        except (OSError, TimeoutError):
+            client.close()
+            raise DataError(f"dask={shown(address)}: the scheduler has no workers (none "
+                            f"came within {timeout:g} s)") from None
     workers = client.scheduler_info().get("workers", {})
     where = {"dask": address, "scheduler": client.scheduler.address,
              "workers": len(workers),
@@ -249,7 +257,7 @@ class _Tensor:
     runs: list | None = None
 
 
-def mapped(source: TensorSource) -> MappedTensor:
+def mapped(source: TensorSource, address: str = "...") -> MappedTensor:
     """Where a tensor's bytes lie in its file (a memory map's file and offset), or a usage
     error: workers read files, so data that is not stored as is (text, stdin, .pt, a
     compressed .npz member, a Fortran-order .npy) cannot go to them."""
@@ -258,10 +266,10 @@ def mapped(source: TensorSource) -> MappedTensor:
     reader = ChunkReader(source)
     try:
         if reader.path is None:
-            raise UsageError(f"dask: the workers read tensors from files, as stored: "
-                             f"{shown(source.name)} is not a .safetensors, .npy or "
-                             "uncompressed .npz tensor in C order",
-                             "convert it, or run without dask")
+            raise UsageError(f"dask={shown(address)}: the workers read tensors from files, "
+                             f"as stored: {shown(source.name)} is not a .safetensors, .npy "
+                             "or uncompressed .npz tensor in C order",
+                             "convert it, or run on this machine alone")
         return MappedTensor(source.source, source.key, tuple(source.shape), source.dtype,
                             os.path.abspath(reader.path), int(reader.offset))
     finally:
@@ -278,9 +286,9 @@ class DaskScan:
 
     def __init__(self, sources: list[TensorSource], options: Options,
                  progress: Callable[[int, int], None] | None = None,
-                 task_bytes: int = TASK_BYTES) -> None:
+                 task_bytes: int = TASK_BYTES, address: str = "...") -> None:
         self.options, self.progress, self.task_bytes = options, progress, task_bytes
-        self.distributed = _distributed()
+        self.distributed = require_distributed()
         self.client = self.futures = None
         self.token = uuid.uuid4().hex[:8]
         self.tasks = 0
@@ -299,8 +307,8 @@ class DaskScan:
                 bounds = np.linspace(0, len(chunks), pieces + 1).round().astype(int)
                 ranges = [(int(a), int(b)) for a, b in zip(bounds, bounds[1:]) if b > a]
             passes = 2 if ranges and any(needs_first_pass(p) for p in plans) else 1
-            self.tensors[id(source)] = _Tensor(source, mapped(source), nbytes, plans, chunks,
-                                               ranges, passes, order)
+            self.tensors[id(source)] = _Tensor(source, mapped(source, address), nbytes, plans,
+                                               chunks, ranges, passes, order)
             self.total += nbytes
         self.meta: dict = {}  # future key -> (kind, tensors, or tensor and chunk range)
 
@@ -363,7 +371,7 @@ class DaskScan:
         except FmtError:
             raise
         except self.distributed.KilledWorker as error:
-            raise DataError(f"dask: a task killed every worker that ran it ({error})") from None
+            raise DataError(f"a Dask task killed every worker that ran it ({error})") from None
         finally:
             future.release()
         kind = meta[0]
@@ -421,18 +429,22 @@ class DaskScan:
             self.client.cancel(pending)
 
 
-def check_options(backend: Backend | str, device: Device | str, out: str | None = None
-                  ) -> None:
-    """The options a Dask run cannot honour, as usage errors."""
+def check_options(address: str, backend: Backend | str = Backend.AUTO,
+                  device: Device | str = Device.AUTO, out: str | None = None) -> None:
+    """The address, and the options a Dask run cannot honour, as usage errors (before
+    anything starts)."""
+    parse_address(address)
+    where = f"dask={shown(address)}"
     if out is not None:
-        raise UsageError("dask: out= is written on this machine, chunk by chunk; a Dask "
-                         "run sends back statistics only", "run without dask to write it")
+        raise UsageError(f"{where} sends back statistics only: it cannot write "
+                         f"out={shown(out)} (written on this machine, chunk by chunk)",
+                         "run on this machine alone to write it")
     if Device(device) is Device.CUDA:
-        raise UsageError("dask: the workers run the CPU engine; device='cuda' cannot go "
-                         "with it", "run on one GPU machine without dask")
+        raise UsageError(f"{where}: the workers run the CPU engine, not device='cuda'",
+                         "run on one GPU machine alone")
     if Backend(backend) is Backend.TORCH:
-        raise UsageError("dask: the workers run the CPU engine (numpy or ml_dtypes casts); "
-                         "backend='torch' cannot go with it")
+        raise UsageError(f"{where}: the workers run the CPU engine (numpy or ml_dtypes "
+                         "casts), not backend='torch'")
 
 
 def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address: str, *,
@@ -441,15 +453,16 @@ def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address
                      on_tensor: Callable[[str], None] | None = None,
                      backend: Backend | str = Backend.NUMPY,
                      device: Device | str = Device.CPU, product=None, worst_blocks: int = 0,
-                     task_bytes: int = TASK_BYTES, timeout: float = CONNECT_TIMEOUT,
+                     task_bytes: int = TASK_BYTES, timeout: float | None = None,
                      connected: Callable[[dict], None] | None = None
                      ) -> tuple[QuantizeResult, dict]:
     """``engine.quantize`` on the Dask cluster at ``address`` (``local:N`` or a scheduler):
     the same ``QuantizeResult``, and ``where`` it ran (``connect``).  Options as
-    ``quantize``'s (no ``out``; CPU casts only).  ``connected(where)`` is called once the
-    cluster is up, before any work."""
-    check_options(backend, device)
-    parse_address(address)  # a bad address is refused before anything starts
+    ``quantize``'s (no ``out``; CPU casts only).  ``task_bytes``: the data a task reads.
+    ``timeout``: seconds to reach the scheduler and find a worker (``CONNECT_TIMEOUT``).
+    ``connected(where)`` is called once the cluster is up, before any work."""
+    check_options(address, backend, device)
+    require_distributed(address)
     schemes = with_product(schemes, product)
     if worst_blocks < 0:
         raise UsageError(f"worst_blocks={worst_blocks}: must be >= 0")
@@ -459,7 +472,7 @@ def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address
     cast = resolve(backend, Device.CPU, schemes[0].format)[0] if schemes else Backend.NUMPY
     options = Options(tuple(schemes), seed, chunk_elements, worst_blocks, cast)
     # every tensor readable by the workers and planned, before the cluster starts
-    scan = DaskScan(usable, options, progress, task_bytes)
+    scan = DaskScan(usable, options, progress, task_bytes, address)
     client, cluster, where = connect(address, timeout)
     try:
         if connected:

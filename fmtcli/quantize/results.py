@@ -350,6 +350,7 @@ class QuantizeResult:
     output: dict | None = None
     groups: tuple[GroupResult, ...] = ()  # by role, in checkpoint order
     worst_blocks: tuple[WorstBlock, ...] = ()  # per scheme, worst first (when asked for)
+    ran_on: dict | None = None  # a Dask run: where (``distributed.connect``); else None
 
     @property
     def quantized(self) -> list[TensorResult]:
@@ -368,4 +369,6 @@ class QuantizeResult:
         out["skipped"] = skipped_records(t.tensor for t in self.tensors)
         out["groups"] = [g.to_dict() for g in self.groups]
         out["worst_blocks"] = [b.to_dict() for b in self.worst_blocks]
+        if self.ran_on:  # --dask: where it ran (the only key a local run lacks)
+            out["dask"] = self.ran_on
         return out
