@@ -55,10 +55,12 @@ from .quantize.stream import ChunkReader, chunk_slices, matrix_shape
 from .tensors import (
     TensorInfo,
     TensorSource,
+    dtype_name,
     load_path,
     numpy_dtype,
     select_keys,
     skipped_records,
+    unusable_reason,
 )
 
 TOP_K = 5  # the top-k overlap of --logits
@@ -225,7 +227,10 @@ class CompareStats:
             sqnr = float(10 * np.log10(np.float64(x2) / np.float64(e2))) if x2 or e2 \
                 else math.nan
             frob = math.sqrt(e2 / x2) if x2 else (math.nan if not e2 else math.inf)
-            cosine = xy / (math.sqrt(x2) * math.sqrt(y2)) if x2 and y2 else math.nan
+            norms = math.sqrt(x2 * y2)  # exact for x == y: a cosine of 1, not 1 - 1e-16
+            if not 0 < norms < math.inf:  # the product under- or overflowed
+                norms = math.sqrt(x2) * math.sqrt(y2)
+            cosine = xy / norms if x2 and y2 else math.nan
             calc_diff = e2 / (x2 + y2) if x2 + y2 else math.nan
         max_abs = c["max_abs"]
         if e.unbounded:
@@ -440,3 +445,23 @@ def compare_files(ref: str, test: str, keys: list[str] | None = None, logits: bo
         raise UsageError("'-' (standard input) is given twice; it can be read once")
     return compare_sources(load_path(ref), load_path(test), ref, test, keys, logits,
                            any_dtype, chunk_elements, workers, **callbacks)
+
+
+def _in_memory(side: str, data) -> list[TensorSource]:
+    """An array, or a dict of name -> array, as the sources ``compare_sources`` takes."""
+    items = data.items() if isinstance(data, dict) else [(None, data)]
+    sources = []
+    for key, value in items:
+        array = np.asarray(value)
+        reason = unusable_reason(array.dtype, array.size)
+        sources.append(TensorSource(side, key, array.shape, dtype_name(array.dtype),
+                                    None if reason else (lambda a=array: a), reason))
+    return sources
+
+
+def compare_arrays(ref, test, logits: bool = False, **options) -> CompareResult:
+    """``fmt compare`` of arrays in memory: two arrays, or two dicts of name -> array
+    (matched by name); ``options`` as ``compare_sources`` takes them (``keys``,
+    ``any_dtype``, ``chunk_elements``, ``workers``)."""
+    return compare_sources(_in_memory("<ref>", ref), _in_memory("<test>", test), "<ref>",
+                           "<test>", logits=logits, **options)

@@ -33,9 +33,11 @@ LOGIT_CAPTION = ("KL(ref || test) per row of the last axis, nats; top-1: rows wh
 
 def _cosine(value: float) -> str:
     """Enough digits to tell 0.99999 from 0.999999 (a cosine near 1 is the point)."""
-    if not math.isfinite(value) or value == 1 or abs(value) < 0.99:
+    if not math.isfinite(value) or abs(value) >= 1 or abs(value) < 0.99:
         return render.value_text(value, 4)
-    return f"{value:.{max(4, min(9, 2 - math.floor(math.log10(1 - abs(value)))))}f}"
+    digits = max(4, min(9, 2 - math.floor(math.log10(1 - abs(value)))))
+    shown = math.floor(abs(value) * 10 ** digits) / 10 ** digits  # cut: never "1.0000"
+    return f"{'-' if value < 0 else ''}{shown:.{digits}f}"
 
 
 def _sqnr(value: float) -> str:
@@ -104,9 +106,9 @@ def render_compare(result: CompareResult):
 
 def _one(t: TensorComparison, caption: str) -> Group:
     s = t.stats
-    table = Table(title=Text(f"{render.user_text(t.name)} ({_shape(t).replace('x', ' x ')}, "
-                             f"{t.ref.dtype} vs {t.test.dtype})", style="bold"),
-                  title_justify="left", box=box.SIMPLE_HEAD)
+    title = Text(f"{render.user_text(t.name)} ({_shape(t).replace('x', ' x ')}, "
+                 f"{t.ref.dtype} vs {t.test.dtype})", style="bold")
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [("SQNR (dB)", _sqnr(s.sqnr_db)), ("cosine similarity", _cosine(s.cosine)),
@@ -131,4 +133,4 @@ def _one(t: TensorComparison, caption: str) -> Group:
                  ("top-5 overlap", render.percent_text(lg.top5_overlap))]
     for row in rows:
         table.add_row(*row)
-    return Group(table, Text(caption, style="dim"))
+    return Group(title, table, Text(caption, style="dim"))

@@ -66,6 +66,28 @@ def model_files(directory: Path) -> None:
     tensors["layer.0.attention.query.weight"][3, 7] = 4.0  # an outlier
     save_file({k: v.astype(np.float32) if v.dtype == np.float64 else v
                for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    compare_files(directory, tensors)
+
+
+def compare_files(directory: Path, tensors: dict) -> None:
+    """``fmt compare``'s examples (docs/compare.md): ``model-fp8.safetensors``, the model
+    after an E4M3 round trip with one amax scale per row, and the logits of a small LM head
+    (64 tokens, a vocabulary of 512) with its float32 and its round-tripped weights."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    def fp8_rows(w: np.ndarray) -> np.ndarray:
+        w = w.astype(np.float32)
+        scale = np.float32(448) / np.abs(w).max(axis=-1, keepdims=True)
+        return (w * scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / scale
+
+    save_file({k: fp8_rows(v) if v.dtype.kind == "f" else v for k, v in tensors.items()},
+              str(directory / "model-fp8.safetensors"))
+    rng = np.random.default_rng(16)
+    hidden = rng.standard_normal((64, 64)).astype(np.float32)
+    head = (rng.standard_normal((512, 64)) * 0.3).astype(np.float32)
+    np.save(directory / "logits.npy", hidden @ head.T)
+    np.save(directory / "logits-fp8.npy", hidden @ fp8_rows(head).T)
 
 
 def examples(text: str) -> list[tuple[str, str, re.Match]]:

@@ -72,8 +72,11 @@ def compare_command(
             more = f" and {len(names) - LISTED:,} more" if len(names) > LISTED else ""
             note(f"{len(names):,} tensor{'s' if len(names) > 1 else ''} only in {side} "
                  f"(not compared): {listing}{more}")
-    for info in result.skipped:
-        note(f"skipped {shown(info.name)}: {info.skipped}")
+    said = set()
+    for info in result.skipped:  # once per name, however many sides skip it
+        if (info.key, info.skipped) not in said:
+            said.add((info.key, info.skipped))
+            note(f"skipped {shown(info.key or info.name)}: {info.skipped}")
     if csv_out:
         from ..csvout import compare_csv
 
