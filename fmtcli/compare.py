@@ -21,7 +21,8 @@ reference is finite and the test is not (``unbounded``, as in ``quantize.metrics
 -inf, the relative Frobenius and max errors inf, cosine and calc_diff NaN (undefined), so a
 test that makes NaN never looks better than one that is merely wrong.  Sums are float64,
 summed chunk by chunk in chunk order (the last bits can differ between chunk sizes, never
-between worker counts).
+between worker counts); float64 data beyond ~1e154 overflows their squares (the figures
+made of sums are then NaN or 0: the maxima and quantiles stay right).
 
 ``logits=True`` reads the last axis as logits (a row per token): the KL divergence
 KL(softmax(x) || softmax(y)) of each row, as llama.cpp's ``perplexity --kl-divergence``
@@ -66,7 +67,7 @@ from .tensors import (
 TOP_K = 5  # the top-k overlap of --logits
 CROSS = ("sum_x2", "sum_y2", "sum_xy", "sum_e2", "max_abs", "max_rel", "differ", "ref_nan",
          "ref_inf", "test_nan", "test_inf")
-LOGIT = ("rows", "bad_rows", "kl_sum", "kl_max", "top1", "topk")
+LOGIT = ("rows", "bad_rows", "kl_sum", "kl_max", "top1", "topk", "topk_slots")
 
 
 @dataclass
@@ -135,6 +136,7 @@ class Accumulator:
         top_x = np.argpartition(-x, k - 1, axis=1)[:, :k]
         top_y = np.argpartition(-y, k - 1, axis=1)[:, :k]
         lg["topk"] += int((top_x[:, :, None] == top_y[:, None, :]).any(2).sum())
+        lg["topk_slots"] += x.shape[0] * k  # k < 5 where the last axis is shorter
 
     PACKED = len(ErrorAccumulator.PACKED) + len(CROSS) + len(LOGIT)
 
@@ -246,7 +248,7 @@ class CompareStats:
                 kl_p99=histogram_quantile(acc.kl_hist, rows, 0.99),
                 kl_max=lg["kl_max"] if rows else math.nan,
                 top1_agreement=lg["top1"] / rows if rows else math.nan,
-                top5_overlap=lg["topk"] / (rows * TOP_K) if rows else math.nan)
+                top5_overlap=lg["topk"] / lg["topk_slots"] if rows else math.nan)
         return cls(count=e.count, nonzero=e.nonzero, differ=int(c["differ"]),
                    ref_nan=int(c["ref_nan"]), ref_inf=int(c["ref_inf"]),
                    test_nan=int(c["test_nan"]), test_inf=int(c["test_inf"]),
@@ -410,8 +412,8 @@ def compare_sources(ref: list[TensorSource], test: list[TensorSource], ref_name:
     usable = [(n, r, t) for n, r, t in pairs if not (r.skipped or t.skipped)]
     skipped = tuple(s.info() for _, r, t in pairs for s in (r, t) if s.skipped)
     if not usable:
-        raise DataError("no floating-point tensor to compare",
-                        "; ".join(f"{shown(s.name)}: {s.skipped}" for s in skipped[:4]))
+        reasons = dict.fromkeys(f"{shown(s.key or s.name)}: {s.skipped}" for s in skipped)
+        raise DataError("no floating-point tensor to compare", "; ".join(list(reasons)[:4]))
     itemsize = {n: numpy_dtype(r.dtype).itemsize for n, r, _ in usable}
     all_bytes = sum(r.size * itemsize[n] for n, r, _ in usable)
     done = 0

@@ -106,8 +106,8 @@ def render_compare(result: CompareResult):
 
 def _one(t: TensorComparison, caption: str) -> Group:
     s = t.stats
-    title = Text(f"{render.user_text(t.name)} ({_shape(t).replace('x', ' x ')}, "
-                 f"{t.ref.dtype} vs {t.test.dtype})", style="bold")
+    title = render.DottedName(f"{render.user_text(t.name)} ({_shape(t).replace('x', ' x ')}, "
+                              f"{t.ref.dtype} vs {t.test.dtype})", style="bold")
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("figure")
     table.add_column("value", justify="right")

@@ -127,6 +127,19 @@ def test_logits_kl_and_top_k():
     assert lg.rows == 99 and lg.bad_rows == 1
 
 
+def test_masked_logits_and_a_short_last_axis():
+    """-inf logits (masked) carry no probability; a -inf in the test where the reference
+    has probability is an infinite KL; the top-k overlap of 3 logits is over 3."""
+    x = np.array([[0.0, -np.inf, 1.0], [1.0, 2.0, 3.0]], np.float32)
+    y = np.array([[0.5, -np.inf, 1.0], [1.0, -np.inf, 3.0]], np.float32)
+    lg = compare_sources([source(x)], [source(y)], "r", "t", logits=True).total.logits
+    p = np.exp(np.array([0.0, 1.0]) - np.logaddexp(0.0, 1.0))
+    q = np.exp(np.array([0.5, 1.0]) - np.logaddexp(0.5, 1.0))
+    assert lg.rows == 2 and lg.kl_max == math.inf and lg.kl_mean == math.inf
+    assert lg.kl_median <= float((p * np.log(p / q)).sum()) < lg.kl_median * (1 + 2 ** -7)
+    assert lg.top1_agreement == 1.0 and lg.top5_overlap == 1.0
+
+
 @pytest.mark.parametrize("logits", [False, True])
 def test_chunks_and_workers_give_the_same_result(logits):
     x = RNG.standard_normal((300, 64)).astype(np.float32)
@@ -247,6 +260,18 @@ def test_usage_errors(tmp_path):
     assert_data_error(invoke("compare", tmp_path / "a.npy", tmp_path / "test.safetensors",
                              "--key", "layers.1.k.weight"),
                       "'layers.1.k.weight': shapes differ: REF (4,), TEST (16, 24)")
+
+
+def test_a_long_name_breaks_at_dots(tmp_path):
+    name = "model." + ".".join(["a_rather_long_module_name"] * 6) + ".weight"
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    save_file({name: x}, str(tmp_path / "r.safetensors"))
+    save_file({name: fp8(x)}, str(tmp_path / "t.safetensors"))
+    out = succeeds("compare", tmp_path / "r.safetensors", tmp_path / "t.safetensors",
+                   env={"COLUMNS": "80"}).stdout
+    lines = [line.rstrip() for line in out[:out.index("figure")].splitlines() if line.strip()]
+    assert len(lines) >= 3 and all(line.endswith(".") for line in lines[:2]), lines
+    assert "".join(lines).startswith(name) and max(map(len, lines)) <= 80
 
 
 @pytest.mark.parametrize("width", [80, 120])
