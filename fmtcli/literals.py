@@ -72,12 +72,10 @@ def _exact(text: str, whole: str) -> Fraction:
     raise BadValueError(f"cannot read {shown(whole)} as a number", _HINT)
 
 
-def parse_value(text: str) -> float:
-    """Parse one literal into the float64 nearest its exact value.
-
-    Raises BadValueError for text that is not a number, and for a nonzero value that
-    float64 cannot hold (it would silently become 0 or inf).
-    """
+def parse_exact(text: str) -> Fraction | float:
+    """Parse one literal exactly, with no rounding and no range check: a Fraction for a
+    finite value (+0 included), a float for inf, nan and -0 (``fmt calc`` rounds it to each
+    format itself).  Raises BadValueError for text that is not a number."""
     if len(text) > MAX_LITERAL:
         raise BadValueError(f"{shown(text)} is too long to be a number (at most "
                             f"{MAX_LITERAL:,} characters)")
@@ -93,14 +91,26 @@ def parse_value(text: str) -> float:
         value = _exact(factor, text)
         negative ^= value < 0 or (value == 0 and factor.strip().startswith("-"))
         exact *= value
+    if exact == 0 and negative:
+        return -0.0
+    return exact
+
+
+def parse_value(text: str) -> float:
+    """Parse one literal into the float64 nearest its exact value.
+
+    Raises BadValueError for text that is not a number, and for a nonzero value that
+    float64 cannot hold (it would silently become 0 or inf).
+    """
+    exact = parse_exact(text)
+    if isinstance(exact, float):  # inf, nan, -0
+        return exact
     try:
         value = float(exact)  # correctly rounded
     except OverflowError:
         value = math.inf
     if exact != 0 and (value == 0 or math.isinf(value)):
         raise BadValueError(f"{shown(text)} is outside float64's range")
-    if exact == 0:
-        return -0.0 if negative else 0.0
     return value
 
 

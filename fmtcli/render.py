@@ -29,6 +29,7 @@ from .plaintable import (
     plain_table_lines,
     segments,
 )
+from .render_arithmetic import render_calc, render_sum
 from .render_attention import render_attention
 from .render_compare import render_compare
 from .render_dot import render_dot
@@ -847,6 +848,8 @@ RENDERERS = {
     ("fmtcli.conformance", "ConformanceResult"): render_conformance,
     ("fmtcli.attention.report", "AttentionResult"): render_attention,
     ("fmtcli.attention.softmax", "SoftmaxTrace"): render_softmax,
+    ("fmtcli.arithmetic.calc", "CalcResult"): render_calc,
+    ("fmtcli.arithmetic.summation", "SumResult"): render_sum,
     ("fmtcli.arithmetic.dot", "DotResult"): render_dot,
     ("fmtcli.compare", "CompareResult"): render_compare,
 }

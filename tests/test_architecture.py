@@ -19,7 +19,8 @@ LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md li
     **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance",
                      "attention", "compare", "arithmetic"], 3),
     **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout", "render_softmax",
-                     "render_attention", "render_compare", "render_dot"], 4),
+                     "render_attention", "render_compare", "render_dot",
+                     "render_arithmetic"], 4),
     **dict.fromkeys(["cli", "__main__"], 5),
 }
 

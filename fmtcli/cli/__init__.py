@@ -24,7 +24,7 @@ from .output import as_options
 #: The command modules; each registers its command on ``app`` when imported, in this order
 #: (the order of ``fmt --help``).
 COMMANDS = ("range", "underflow", "quantize", "scale_search", "loss_scale", "check_backends",
-            "softmax", "attention", "dot", "compare")
+            "softmax", "attention", "calc", "sum_command", "dot", "compare")
 for _module in COMMANDS:
     importlib.import_module(f".{_module}", __name__)
 

@@ -43,7 +43,8 @@ FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
          "block_k": "--block-k", "outliers": "--outliers",
          "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
          "accumulator": "--accumulator", "scale_granularity": "--scale-granularity",
-         "dask": "--dask"}
+         "dask": "--dask", "count": "--count", "constant": "--constant",
+         "random": "--random", "order": "--order", "dist": "--dist"}
 KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 
