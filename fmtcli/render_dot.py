@@ -34,11 +34,11 @@ def _scales_text(s: DotSettings) -> str:
 
 def _accumulator_text(s: DotSettings) -> str:
     if s.accumulator_format is not None:
-        how = (f"accumulator: {s.accumulator_format}, {s.accumulation_rounding}, "
+        how = (f"accumulator: {s.accumulator_format} ({s.accumulation_rounding}), "
                f"{s.group} exact products per step")
     else:
-        how = (f"accumulator: {s.accumulator_bits} fraction bits, {s.accumulation_rounding}; "
-               f"{s.group} products per step, aligned to the largest exponent")
+        how = (f"accumulator: {s.accumulator_bits} fraction bits ({s.accumulation_rounding}), "
+               f"{s.group} products per aligned step")
     if s.promote_every is None:
         return f"{how}\nno FP32 promotion: the whole K in the accumulator"
     return f"{how}\npartial sums promoted to FP32 every {s.promote_every} of K"
@@ -86,7 +86,7 @@ def render_dot(result: DotResult):
         "Total error (vs float64, unquantized inputs)",
         [("exact sums", result.quantization), ("emulated", result.vs_unquantized), *gpu_u],
         None))
-    parts.append(Text("max rel = max|C - R| / max|R|; rel Fro = ||C - R||_F / ||R||_F; "
+    parts.append(Text("max rel = max|C - R| / max|R|; rel Fro = ||C - R||_F / ||R||_F;\n"
                       "calc_diff = 1 - 2 sum(C R) / sum(C^2 + R^2)", style="dim"))
     if runs:
         parts.append(Text(""))
