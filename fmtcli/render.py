@@ -33,6 +33,7 @@ from .render_arithmetic import render_calc, render_sum
 from .render_attention import render_attention
 from .render_compare import render_compare
 from .render_dot import render_dot
+from .render_kv import render_kv
 from .render_softmax import render_softmax
 
 if TYPE_CHECKING:  # the result types: loaded by the command that made the result
@@ -852,6 +853,7 @@ RENDERERS = {
     ("fmtcli.arithmetic.summation", "SumResult"): render_sum,
     ("fmtcli.arithmetic.dot", "DotResult"): render_dot,
     ("fmtcli.compare", "CompareResult"): render_compare,
+    ("fmtcli.kv", "KvResult"): render_kv,
 }
 
 

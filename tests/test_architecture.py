@@ -17,9 +17,9 @@ LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md li
                      "backends"], 1),
     **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),
     **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance",
-                     "attention", "compare", "arithmetic"], 3),
+                     "attention", "compare", "arithmetic", "kv"], 3),
     **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout", "render_softmax",
-                     "render_attention", "render_compare", "render_dot",
+                     "render_attention", "render_compare", "render_dot", "render_kv",
                      "render_arithmetic"], 4),
     **dict.fromkeys(["cli", "__main__"], 5),
 }

@@ -82,7 +82,8 @@ def test_every_renderer_names_a_real_result_type():
     assert {name for _, name in RENDERERS} == {
         "FormatTable", "UnderflowResult", "QuantizeResult", "ScaleSearchResult",
         "LossScaleResult", "ConformanceResult", "SoftmaxTrace",
-        "AttentionResult", "CalcResult", "SumResult", "DotResult", "CompareResult"}
+        "AttentionResult", "CalcResult", "SumResult", "DotResult", "CompareResult",
+        "KvResult"}
 
 
 def test_drawing_the_range_table_loads_no_engine():
@@ -125,7 +126,7 @@ def test_fmt_help_lists_the_commands_in_the_order_of_a_session():
               if line.strip() and not line.startswith("   ")]  # not a wrapped help line
     assert listed == ["range", "underflow", "quantize", "scale-search", "loss-scale",
                       "check-backends", "softmax", "attention", "calc", "sum", "dot",
-                      "compare"]
+                      "compare", "kv"]
 
 
 @pytest.mark.parametrize("args, built", [(["range", "fp16", "--json"], 1),

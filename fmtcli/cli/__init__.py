@@ -8,7 +8,7 @@ prints its result (a rich table, or JSON with ``--json``).
 - ``options`` -- option types and checks shared by several commands;
 - one module per command (``range``, ``underflow``, ``quantize``, ``scale_search``,
   ``loss_scale``, ``check_backends``, ``softmax``, ``attention``, ``dot``,
-  ``compare``): its options, then library calls, then ``emit``.
+  ``compare``, ``kv``): its options, then library calls, then ``emit``.
 
 Only ``fmtcli.choices`` and ``fmtcli.errors`` are imported at start-up; each command
 imports the library modules it needs when it runs (``fmt --version`` loads no numpy).
@@ -24,7 +24,7 @@ from .output import as_options
 #: The command modules; each registers its command on ``app`` when imported, in this order
 #: (the order of ``fmt --help``).
 COMMANDS = ("range", "underflow", "quantize", "scale_search", "loss_scale", "check_backends",
-            "softmax", "attention", "calc", "sum_command", "dot", "compare")
+            "softmax", "attention", "calc", "sum_command", "dot", "compare", "kv")
 for _module in COMMANDS:
     importlib.import_module(f".{_module}", __name__)
 

@@ -1,0 +1,89 @@
+"""``fmt kv``: FP8 KV-cache scales (vLLM's k_scale/v_scale) chosen from real K and V."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import UsageError
+from .app import UsageWithEllipsis, app
+from .options import JsonOption, check_not_empty
+from .output import emit, note
+
+FORMATS = ("e4m3fn", "e4m3fnuz", "e5m2")
+
+
+@app.command("kv", cls=UsageWithEllipsis,
+             short_help="FP8 KV-cache scales: which k_scale/v_scale, what unit costs.")
+def kv_command(
+    files: Annotated[Optional[list[str]], typer.Argument(
+        metavar="FILE", help="K/V dumps: .npy .npz .safetensors .pt (tensors named like "
+        "layers.3.k / layers.3.v, key/value, k_cache/v_cache; a .npy by its file name).  "
+        "None: a built-in synthetic example (outlier channels in K, heavy-tailed V).",
+        show_default=False)] = None,
+    format_name: Annotated[str, typer.Option(
+        "--format", metavar="F", help="KV-cache format: " + ", ".join(FORMATS) + ".")
+    ] = "e4m3fn",
+    layout: Annotated[str, typer.Option(
+        "--layout", metavar="AXES", help="The axes of each tensor, from layers, batch, "
+        "tokens, heads, dim (batch and tokens are merged), e.g. layers,tokens,heads,dim.")
+    ] = "tokens,heads,dim",
+    granularity: Annotated[str, typer.Option(
+        "--granularity", metavar="G[,G]", help="Scales per tensor (a layer's K or V), per "
+        "KV head, per token and head (dynamic: reported, never written).")
+    ] = "tensor,head,token-head",
+    candidates: Annotated[str, typer.Option(
+        "--candidates", metavar="RULES", help="Scale rules: unit (1.0, vLLM's default), "
+        "amax, amax-x2, p99.99, mse.")] = "unit,amax,amax-x2,p99.99,mse",
+    out: Annotated[Optional[str], typer.Option(
+        "--out", metavar="PATH", help="Write the recommended scales under vLLM's names "
+        "(model.layers.N.self_attn.k_scale / v_scale, vLLM's direction: dequantization "
+        "scales): .safetensors or .json.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")
+                     ] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Which FP8 KV-cache scales?  Every rule and granularity on real K and V.
+
+    vLLM's k_scale/v_scale are dequantization scales: q = cast(x / k_scale), x ~ q *
+    k_scale, k_scale = amax / fp8_max (fmt's scale is 1 / k_scale).  For each layer and
+    stream: clipped and flushed fractions, SQNR, p99 and max relative error of each
+    rule; the recommendation (highest SQNR among stored granularities); what unit scales
+    cost.
+    """
+    import os
+
+    from ..formats import get_format
+    from ..kv import analyse_kv, example_kv, kv_streams, parse_layout, write_scales
+
+    check_not_empty(format=format_name, layout=layout, granularity=granularity,
+                    candidates=candidates, out=out)
+    if format_name.lower() not in FORMATS and format_name.lower() not in (
+            "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2"):
+        raise UsageError(f"--format {format_name}: one of {', '.join(FORMATS)}")
+    spec = get_format(format_name.lower())
+    parse_layout(layout)
+    if out is not None:
+        if not out.endswith((".safetensors", ".json")):
+            raise UsageError(f"--out {out}: a .safetensors or .json file")
+        if os.path.exists(out) and not force:
+            raise UsageError(f"--out {out} exists: give --force to replace it")
+        if files and any(os.path.abspath(out) == os.path.abspath(f) for f in files):
+            raise UsageError(f"--out {out} is an input")
+    if files:
+        from ..tensors import load_inputs
+
+        streams = kv_streams(load_inputs(files), layout)
+    else:
+        if layout != "tokens,heads,dim":
+            raise UsageError("--layout describes FILEs; the built-in example has none")
+        streams = example_kv()
+    result = analyse_kv(streams, spec, [g.strip() for g in granularity.split(",")],
+                        [c.strip() for c in candidates.split(",")],
+                        inputs=tuple(files or ["<built-in example>"]))
+    if out is not None:
+        write_scales(result, out)
+        note(f"wrote {len(result.streams)} scales to {out} (vLLM's direction: "
+             "x ~ q * k_scale)")
+    emit(result, json_out)

@@ -1,0 +1,405 @@
+"""FP8 KV-cache scales chosen from real K and V: what each scale rule and granularity costs.
+
+Serving engines store the KV cache in FP8 with one scale per tensor (per layer) or per KV
+head.  **Direction**: vLLM's ``k_scale`` / ``v_scale`` are *dequantization* scales,
+
+    q = cast(x / k_scale),   x ~ q * k_scale,   k_scale = amax(|K|) / fp8_max,
+
+stored per layer as ``model.layers.N.self_attn.k_scale`` (a scalar, or ``[num_kv_heads]``)
+and 1.0 when not calibrated.  ``fmt``'s own scales go the other way (``x_q = cast(x *
+scale) / scale``): ``scale = 1 / k_scale``.  Everything in this module -- the statistics,
+the scales reported and written -- is in vLLM's direction and computed as vLLM applies it
+(float32 division by the scale, a saturating cast, multiplication by the scale), so that the
+scales ``--out`` writes, applied that way, give exactly the figures reported.
+
+For each layer and stream (K, V), granularity and candidate rule:
+
+- granularities: ``tensor`` (one scale per layer and stream), ``head`` (one per KV head),
+  ``token-head`` (one per token and head, as dynamic per-token quantization computes it at
+  run time: reported, never written);
+- candidates: ``unit`` (1.0, the serving default), ``amax`` (amax / fp8_max), ``amax-x2``
+  (twice that: a binade of headroom for values beyond those calibrated), ``p99.99`` (the
+  99.99th percentile of |x| / fp8_max: the top 0.01% clip), ``mse`` (the scale of least
+  squared error on the grid of ``fmt scale-search``'s MSE search: amax scales times 2**-m,
+  m in ``scalesearch.COARSE``, then steps of ``scalesearch.FINE_STEP`` around the best);
+- figures: clipped (|x / s| beyond fp8_max, saturated) and flushed (nonzero x that become
+  0) fractions, SQNR, p99 and max relative error over the nonzero values
+  (``quantize.metrics.ErrorAccumulator``'s exact histogram: p99 to within +0.78%).
+
+The recommendation of a layer and stream: the stored granularity (tensor or head) and rule
+of the highest SQNR (fewest flushed values on a tie).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DataError, UsageError, shown
+from .formats import FormatSpec
+from .quantize.metrics import ErrorAccumulator
+from .rounding import beyond_threshold, round_to_format
+from .tensors import TensorSource
+
+GRANULARITIES = ("tensor", "head", "token-head")
+STORED = ("tensor", "head")  # what a checkpoint holds; token-head scales are dynamic
+CANDIDATES = ("unit", "amax", "amax-x2", "p99.99", "mse")
+AXES = ("layers", "batch", "tokens", "heads", "dim")
+DEFAULT_LAYOUT = "tokens,heads,dim"
+K_NAMES, V_NAMES = {"k", "key", "keys", "k_cache"}, {"v", "value", "values", "v_cache"}
+_INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
+
+
+def vllm_name(layer: int, stream: str) -> str:
+    """The checkpoint name vLLM and llm-compressor load a layer's scale from."""
+    return f"model.layers.{layer}.self_attn.{stream}_scale"
+
+
+# -- inputs --------------------------------------------------------------------------------
+
+def parse_layout(layout: str) -> tuple[str, ...]:
+    axes = tuple(a.strip() for a in layout.split(","))
+    unknown = [a for a in axes if a not in AXES]
+    if unknown or len(set(axes)) != len(axes) or not {"heads", "dim"} <= set(axes):
+        raise UsageError(f"layout={shown(layout)}: axes from {', '.join(AXES)}, each once, "
+                         "with heads and dim (e.g. tokens,heads,dim)")
+    return axes
+
+
+def _to_tokens_heads_dim(x: np.ndarray, axes: tuple[str, ...], name: str) -> np.ndarray:
+    """(tokens, heads, dim) float32, every axis but heads and dim merged into tokens."""
+    if x.ndim != len(axes):
+        raise DataError(f"{shown(name)}: {x.ndim} axes, but the layout names {len(axes)} "
+                        f"({','.join(axes)}): give --layout")
+    order = [axes.index(a) for a in axes if a not in ("heads", "dim")]
+    x = np.transpose(x, order + [axes.index("heads"), axes.index("dim")])
+    return np.ascontiguousarray(x.reshape(-1, x.shape[-2], x.shape[-1]), dtype=np.float32)
+
+
+def stream_of(source: TensorSource) -> tuple[int | None, str] | None:
+    """(layer index or None, 'k' or 'v') from a tensor's name (``layers.3.k``,
+    ``model.layers.3.self_attn.v_cache``; a .npy file's name without its suffix)."""
+    name = source.key if source.key is not None else re.sub(r"\.npy$", "", source.source)
+    name = name.rsplit("/", 1)[-1]
+    last = name.rsplit(".", 1)[-1].lower()
+    kind = "k" if last in K_NAMES else "v" if last in V_NAMES else None
+    if kind is None:
+        return None
+    index = _INDEX.search(name)
+    return (int(index.group(1)) if index else None), kind
+
+
+def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT
+               ) -> dict[tuple[int, str], np.ndarray]:
+    """(layer, 'k'/'v') -> (tokens, heads, dim) float32 of every K and V tensor."""
+    axes = parse_layout(layout)
+    out: dict[tuple[int, str], np.ndarray] = {}
+    for source in sources:
+        found = stream_of(source)
+        if found is None or source.skipped:
+            continue
+        layer, kind = found
+        data = source.array()
+        if "layers" in axes:
+            if layer is not None:
+                raise DataError(f"{shown(source.name)}: the layout has a layers axis, but "
+                                "the name gives a layer too")
+            data = np.moveaxis(np.asarray(data), axes.index("layers"), 0)
+            inner = tuple(a for a in axes if a != "layers")
+            for i, part in enumerate(data):
+                out[(i, kind)] = _to_tokens_heads_dim(part, inner, source.name)
+            continue
+        key = (0 if layer is None else layer, kind)
+        if key in out:
+            raise DataError(f"{shown(source.name)}: a second {kind.upper()} of layer {key[0]}")
+        out[key] = _to_tokens_heads_dim(np.asarray(data), axes, source.name)
+    if not out:
+        names = ", ".join(shown(s.name) for s in sources[:4])
+        raise DataError(f"no K or V tensor in {names} (names ending in .k/.key/.k_cache or "
+                        ".v/.value/.v_cache)")
+    return dict(sorted(out.items()))
+
+
+def example_kv(layers: int = 2, tokens: int = 512, heads: int = 4, dim: int = 64,
+               seed: int = 16) -> dict[tuple[int, str], np.ndarray]:
+    """Synthetic K and V with the shape of real ones: K with a few outlier channels (the
+    same dims in every token, as rotary keys have) and heads of different magnitudes; V
+    heavy-tailed (Student's t, 3 degrees of freedom) and small."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for layer in range(layers):
+        k = rng.standard_normal((tokens, heads, dim))
+        k *= (2.0 ** np.arange(heads))[None, :, None]  # heads of 1x, 2x, 4x, 8x magnitude
+        channels = rng.choice(dim, 2, replace=False)
+        k[:, :, channels] *= 30.0 * (layer + 1)
+        v = rng.standard_t(3, (tokens, heads, dim)) * 0.05
+        out[(layer, "k")] = k.astype(np.float32)
+        out[(layer, "v")] = v.astype(np.float32)
+    return out
+
+
+# -- scales and statistics -----------------------------------------------------------------
+
+def _group_axes(granularity: str) -> tuple[int, ...]:
+    """The axes of (tokens, heads, dim) a scale spans."""
+    return {"tensor": (0, 1, 2), "head": (0, 2), "token-head": (2,)}[granularity]
+
+
+def round_trip(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec
+               ) -> tuple[np.ndarray, int]:
+    """vLLM's round trip: q = saturating cast(x / k_scale), x_hat = q * k_scale (float32);
+    the dequantized values and how many clipped (those that would have rounded past the
+    format's max: ``rounding.beyond_threshold``; 448.01 rounds to 448 and is not clipped)."""
+    scaled = (x / k_scale).astype(np.float32)
+    clipped = int(np.count_nonzero(np.abs(scaled) >= beyond_threshold(spec)))
+    q = round_to_format(scaled, spec, overflow="saturate")
+    return (q * k_scale).astype(np.float32), clipped
+
+
+def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    e = (x_hat.astype(np.float64) - x)
+    return np.square(e).sum(axis=axes, keepdims=True)
+
+
+def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: FormatSpec
+                    ) -> np.ndarray:
+    """The dequantization scale (vLLM's direction) of every group, broadcastable to x."""
+    axes = _group_axes(granularity)
+    amax = np.abs(x).max(axis=axes, keepdims=True).astype(np.float64)
+    base = np.where(amax > 0, amax / spec.max, 1.0)
+    if candidate == "unit":
+        return np.ones_like(base, dtype=np.float32)
+    if candidate == "amax":
+        return base.astype(np.float32)
+    if candidate == "amax-x2":
+        return (2 * base).astype(np.float32)
+    if candidate == "p99.99":
+        q = np.quantile(np.abs(x), 0.9999, axis=axes, keepdims=True)
+        return np.where(q > 0, q / spec.max, base).astype(np.float32)
+    if candidate == "mse":
+        return _mse_scale(x, base, axes, spec)
+    raise UsageError(f"candidate={shown(candidate)}: one of {', '.join(CANDIDATES)}")
+
+
+def _mse_scale(x, base, axes, spec) -> np.ndarray:
+    """Per group, the amax scale times 2**-m of least squared error: m on scale-search's
+    coarse grid, then its fine steps around each group's best."""
+    from .scalesearch import COARSE, FINE_STEP
+
+    def best(margins: np.ndarray) -> np.ndarray:  # margins: (n, *group shape)
+        errors = np.stack([_squared_error(x, round_trip(x, (base * 2.0 ** -m).astype(
+            np.float32), spec)[0], axes) for m in margins])
+        return np.take_along_axis(margins, np.argmin(errors, axis=0)[None], 0)[0]
+
+    coarse = best(np.broadcast_to(COARSE.reshape((-1,) + (1,) * base.ndim),
+                                  (len(COARSE),) + base.shape))
+    fine = coarse[None] + (np.arange(-8, 9) * FINE_STEP).reshape((-1,) + (1,) * base.ndim)
+    return (base * 2.0 ** -best(fine)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class KvStats:
+    """One granularity and rule on one stream: its scales (vLLM's direction) and errors."""
+
+    granularity: str
+    candidate: str
+    count: int
+    nonzero: int
+    clipped: int
+    flushed: int
+    sqnr_db: float
+    p99_rel_error: float
+    max_rel_error: float
+    scale_min: float
+    scale_max: float
+
+    @property
+    def clipped_fraction(self) -> float:
+        return self.clipped / self.count
+
+    @property
+    def flushed_fraction(self) -> float:
+        return self.flushed / self.nonzero if self.nonzero else math.nan
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "clipped_fraction": self.clipped_fraction,
+                "flushed_fraction": self.flushed_fraction}
+
+
+def measure(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec, granularity: str,
+            candidate: str) -> tuple[KvStats, ErrorAccumulator]:
+    """The figures of one set of scales on x (tokens, heads, dim), and its accumulator
+    (mergeable over layers)."""
+    x_hat, clipped = round_trip(x, k_scale, spec)
+    acc = ErrorAccumulator()
+    acc.add_chunk(x.reshape(-1), x_hat.reshape(-1), saturated=clipped)
+    return _stats(acc, granularity, candidate, k_scale, _max_rel(x, x_hat)), acc
+
+
+def _max_rel(x: np.ndarray, x_hat: np.ndarray) -> float:
+    nz = x != 0
+    if not nz.any():
+        return math.nan
+    return float((np.abs(x_hat[nz].astype(np.float64) - x[nz]) / np.abs(x[nz])).max())
+
+
+def _stats(acc: ErrorAccumulator, granularity: str, candidate: str, k_scale,
+           max_rel: float) -> KvStats:
+    from .quantize.metrics import scaled_sum
+
+    x2, xp = scaled_sum(acc.sum_x2, acc.sum_x2_big, acc.sum_x2_tiny)
+    e2, ep = scaled_sum(acc.sum_err2, acc.sum_err2_big, acc.sum_err2_tiny)
+    if e2 == 0:
+        sqnr = math.inf if x2 > 0 else math.nan
+    elif x2 == 0:
+        sqnr = -math.inf
+    else:
+        sqnr = 10 * (math.log10(x2 / e2) + (xp - ep) * math.log10(2))
+    scales = np.asarray(k_scale, dtype=np.float64)
+    return KvStats(granularity, candidate, acc.count, acc.nonzero, acc.saturated, acc.flushed,
+                   sqnr, acc.quantile(0.99), max_rel, float(scales.min()), float(scales.max()))
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """One layer's K or V: every (granularity, rule), the recommendation and its scales."""
+
+    layer: int
+    stream: str
+    shape: tuple[int, int, int]
+    stats: tuple[KvStats, ...]
+    recommended: KvStats
+    scales: tuple[float, ...]  # the recommended k_scale/v_scale: 1 value, or one per head
+
+    @property
+    def name(self) -> str:
+        return vllm_name(self.layer, self.stream)
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "stream": self.stream, "name": self.name,
+                "tokens": self.shape[0], "heads": self.shape[1], "dim": self.shape[2],
+                "recommended": {"granularity": self.recommended.granularity,
+                                "candidate": self.recommended.candidate,
+                                "scales": list(self.scales)},
+                "candidates": [s.to_dict() for s in self.stats]}
+
+
+@dataclass(frozen=True)
+class KvResult:
+    """All of ``fmt kv``: per layer and stream, the totals over layers, the cost of unit
+    scales."""
+
+    format: str
+    fp8_max: float
+    inputs: tuple[str, ...]
+    streams: tuple[StreamResult, ...]
+    totals: dict  # stream -> tuple of KvStats over every layer, in ``streams[0].stats`` order
+    recommended_total: dict  # stream -> KvStats of the recommended scales over every layer
+
+    def scales_document(self) -> dict:
+        """The scales ``--out`` writes: vLLM name -> value (a float, or a list per head)."""
+        return {s.name: s.scales[0] if len(s.scales) == 1 and s.recommended.granularity
+                == "tensor" else list(s.scales) for s in self.streams}
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "fp8_max": self.fp8_max, "inputs": list(self.inputs),
+                "direction": "vllm: x ~ q * k_scale, q = cast(x / k_scale); fmt's scale = "
+                             "1 / k_scale",
+                "streams": [s.to_dict() for s in self.streams],
+                "totals": {k: [s.to_dict() for s in v] for k, v in self.totals.items()},
+                "recommended_total": {k: v.to_dict()
+                                      for k, v in self.recommended_total.items()},
+                "scales": self.scales_document()}
+
+
+def _better(a: KvStats, b: KvStats) -> bool:
+    def key(s: KvStats) -> tuple[float, int]:
+        return (-s.sqnr_db if not math.isnan(s.sqnr_db) else math.inf, s.flushed)
+
+    return key(a) < key(b)
+
+
+def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
+               granularities=GRANULARITIES, candidates=CANDIDATES,
+               inputs: tuple[str, ...] = ()) -> KvResult:
+    """Every (granularity, candidate) on every stream; recommendations from the stored
+    granularities among those asked for."""
+    for g in granularities:
+        if g not in GRANULARITIES:
+            raise UsageError(f"granularity={shown(g)}: one of {', '.join(GRANULARITIES)}")
+    for c in candidates:
+        if c not in CANDIDATES:
+            raise UsageError(f"candidate={shown(c)}: one of {', '.join(CANDIDATES)}")
+    if not any(g in STORED for g in granularities):
+        raise UsageError("granularity: give tensor or head too (token-head scales are "
+                         "computed at run time and cannot be recommended for a checkpoint)")
+    results, totals, rec_totals = [], {}, {}
+    for (layer, kind), x in streams.items():
+        rows, best, best_scale = [], None, None
+        for g in granularities:
+            for c in candidates:
+                if c == "unit" and g != granularities[0]:
+                    continue  # 1.0 everywhere: the same at every granularity
+                scale = candidate_scale(x, g, c, spec)
+                stats, acc = measure(x, scale, spec, g, c)
+                rows.append(stats)
+                key = (kind, g, c)
+                totals.setdefault(key, [ErrorAccumulator(), 0.0, [], 0])
+                total = totals[key]
+                total[0].merge(acc)
+                total[1] = max(total[1], stats.max_rel_error) if not math.isnan(
+                    stats.max_rel_error) else total[1]
+                total[2].append(scale)
+                if g in STORED and (best is None or _better(stats, best)):
+                    best, best_scale, best_acc = stats, scale, acc
+        rec = rec_totals.setdefault(kind, [ErrorAccumulator(), 0.0, []])
+        rec[0].merge(best_acc)
+        rec[1] = max(rec[1], best.max_rel_error) if not math.isnan(best.max_rel_error) \
+            else rec[1]
+        rec[2].append(best_scale)
+        results.append(StreamResult(layer, kind, tuple(x.shape), tuple(rows), best,
+                                    tuple(float(s) for s in np.asarray(best_scale).ravel())))
+    total_stats = {}
+    for (kind, g, c), (acc, max_rel, scales, _) in totals.items():
+        flat = np.concatenate([np.asarray(s, np.float64).ravel() for s in scales])
+        total_stats.setdefault(kind, []).append(_stats(acc, g, c, flat, max_rel))
+    rec_stats = {}
+    for kind, (acc, max_rel, scales) in rec_totals.items():
+        flat = np.concatenate([np.asarray(s, np.float64).ravel() for s in scales])
+        rec_stats[kind] = _stats(acc, "recommended", "recommended", flat, max_rel)
+    return KvResult(spec.name, spec.max, tuple(inputs), tuple(results),
+                    {k: tuple(v) for k, v in total_stats.items()}, rec_stats)
+
+
+def write_scales(result: KvResult, path: str) -> None:
+    """``--out``: the recommended scales under vLLM's names, in vLLM's direction, as
+    .safetensors (float32 scalars, or [num_kv_heads]) or .json (the same content)."""
+    import json
+    import os
+    import tempfile
+
+    if path.endswith(".json"):
+        data = json.dumps({"direction": "vllm: x ~ q * k_scale (dequantization scales)",
+                           "format": result.format, "scales": result.scales_document()},
+                          indent=2).encode()
+    elif path.endswith(".safetensors"):
+        from safetensors.numpy import save
+
+        data = save({s.name: np.array(s.scales[0] if s.recommended.granularity == "tensor"
+                                      else s.scales, dtype=np.float32)
+                     for s in result.streams}, metadata={"format": result.format})
+    else:
+        raise UsageError(f"out={shown(path)}: .safetensors or .json")
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fmt-kv-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
