@@ -57,6 +57,7 @@ from .stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, keep_freed_memory
 
 INSTALL = "pip install 'fmtcli[dask]'"
 TASK_BYTES = 64 << 20  # data per task: long enough to hide a task's ~1 ms of overhead
+TASK_TENSORS = 256  # whole tensors per task at most (each costs ~1 ms however small)
 CONNECT_TIMEOUT = 10.0  # seconds to reach a scheduler
 MAX_LOCAL_WORKERS = 1024
 _ADDRESS = re.compile(r"(?:(tcp|tls)://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
@@ -314,14 +315,15 @@ class DaskScan:
 
     def start(self, client) -> None:
         """Submit every task that needs nothing else first (whole tensors in batches of
-        about ``task_bytes``, large tensors' first passes or chunk passes)."""
+        about ``task_bytes`` or ``TASK_TENSORS``, large tensors' first passes or chunk
+        passes)."""
         self.client, self.futures = client, self.distributed.as_completed()
         batch, batch_bytes = [], 0
         for tensor in self.tensors.values():
             if not tensor.ranges:
                 batch.append(tensor)
                 batch_bytes += tensor.nbytes
-                if batch_bytes >= self.task_bytes:
+                if batch_bytes >= self.task_bytes or len(batch) >= TASK_TENSORS:
                     self._submit_whole(batch)
                     batch, batch_bytes = [], 0
                 continue
