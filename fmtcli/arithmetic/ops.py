@@ -134,11 +134,15 @@ def round_rational(q: Fraction | int, spec: FormatSpec,
     value of the format (or inf/NaN).  A zero ``q`` gives -0.0 with ``negative_zero`` (where
     the format has -0).  ``rng`` (a numpy Generator) draws stochastic rounding."""
     q = Fraction(q)
+    rounding, overflow = RoundingMode(rounding), OverflowPolicy(overflow)
     if q == 0:
         return _finish(0, 0, negative_zero, spec, rounding, overflow)
     negative = q < 0
     n, d = abs(q.numerator), q.denominator
     e = n.bit_length() - d.bit_length()  # floor(log2(n / d)) is e or e - 1
+    if e > spec.max_exponent + 1:  # at least 2**(max_exponent + 1): beyond max
+        return _overflow_value(spec, rounding, overflow, negative) if spec.signed or \
+            not negative else math.nan
     if (n << max(0, -e)) < (d << max(0, e)):
         e -= 1
     ulp = max(e, spec.min_exponent) - spec.mantissa_bits
