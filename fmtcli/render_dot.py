@@ -24,6 +24,8 @@ def _sci(value: float | None) -> str:
 
 
 def _scales_text(s: DotSettings) -> str:
+    if not s.scaled:
+        return "cast, no scale"
     if s.scale_granularity == "tensor":
         return "one scale per tensor"
     if s.scale_granularity == "row":

@@ -95,6 +95,20 @@ def test_codes_are_ml_dtypes_casts_of_the_scaled_inputs(granularity):
                 assert q.values[i, j] == want * np.float64(np.float32(1) / scale)
 
 
+def test_wide_formats_are_cast_without_a_scale():
+    """FP16/BF16 operands are cast as they are (scaling them to their max would overflow
+    the products): codes equal ml_dtypes' bfloat16 of the float32 inputs."""
+    a, b = random_operands(4, 5, 64)
+    qa, qb = D.quantize_operands(a, b, get_format("bf16"), "tensor", None)
+    np.testing.assert_array_equal(
+        qa.codes, a.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert qa.dequant.ravel().tolist() == [1.0] and qb.dequant.ravel().tolist() == [1.0]
+    r = D.analyse_dot(get_format("bf16"), m=8, n=8, k=256)
+    assert r.settings.scaled is False
+    assert 0 < r.vs_quantized.rel_fro_error < 0.01
+    assert D.analyse_dot(E4M3, m=8, n=8, k=64).settings.scaled is True
+
+
 # -- the accumulator against the Fraction reference ----------------------------------------
 
 @pytest.mark.parametrize("rounding", [TZ, RNE])
@@ -275,6 +289,7 @@ def test_cli_files(tmp_path):
     (["--scale-granularity", "block:128", "--promote-every", "96", "--k", "512"], "divide"),
     (["--accumulator-bits", "0"], "--accumulator-bits"),
     (["--accumulator", "e8m0"], "scale format"),
+    (["--scale-granularity", ""], "--scale-granularity"),
     (["--format", "nope"], "nope"),
     (["--m", "100000", "--n", "100000"], "outputs"),
     (["--device", "gpu"], "--device"),

@@ -106,6 +106,7 @@ class DotSettings:
     group: int
     seed: int | None                # None for inputs from files
     inputs: tuple[str, ...]
+    scaled: bool = True             # False: a format over 8 bits, cast with scale 1
 
     def to_dict(self) -> dict:
         return {"m": self.m, "n": self.n, "k": self.k, "format": self.format,
@@ -114,7 +115,7 @@ class DotSettings:
                 "accumulator_format": self.accumulator_format,
                 "accumulation_rounding": self.accumulation_rounding,
                 "promote_every": self.promote_every, "group": self.group, "seed": self.seed,
-                "inputs": list(self.inputs)}
+                "inputs": list(self.inputs), "scaled": self.scaled}
 
 
 @dataclass(frozen=True)
@@ -293,12 +294,23 @@ def _tile_amax(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return padded.reshape((r + pr) // rows, rows, (c + pc) // cols, cols).max(axis=(1, 3))
 
 
+def is_narrow(spec: FormatSpec) -> bool:
+    """Formats of 8 bits or fewer are scaled into range, as FP8 GEMMs do; wider ones (FP16,
+    BF16, FP32) are cast as they are (scale 1): scaling them to their max would only
+    overflow the products."""
+    return spec.bits <= 8
+
+
 def quantize_operand(x: np.ndarray, spec: FormatSpec, rows: int, cols: int) -> Operand:
     """``x`` scaled per tile of rows x cols (the whole matrix for a tensor scale), cast to
-    ``spec`` (float32 product, saturating nearest-even), with its dequantization scales."""
+    ``spec`` (float32 product, saturating nearest-even), with its dequantization scales;
+    a wide format (``is_narrow`` false) is cast with scale 1."""
     x32 = np.asarray(x, dtype=np.float32)
     amax = _tile_amax(x32, rows, cols)
-    scale = amax_to_scale(amax, spec).astype(np.float32)
+    if is_narrow(spec):
+        scale = amax_to_scale(amax, spec).astype(np.float32)
+    else:
+        scale = np.ones(amax.shape, dtype=np.float32)
     dequant = (np.float32(1.0) / scale).astype(np.float32)
     full = _expand(scale, rows, cols, x.shape)
     codes = round_to_format(x32 * full, spec, RoundingMode.NEAREST_EVEN, OverflowPolicy.SATURATE)
@@ -475,7 +487,8 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
                      rounding=rounding, promote_every=promote_every, group=group)
     settings = DotSettings(m, n, k, spec.name, granularity_label(kind, block),
                            bits, None if accumulator is None else accumulator.name,
-                           rounding.value, promote_every, group, seed, tuple(inputs))
+                           rounding.value, promote_every, group, seed, tuple(inputs),
+                           is_narrow(spec))
     result = dict(settings=settings, quantization=error_figures(reference_q, reference),
                   vs_quantized=error_figures(c, reference_q),
                   vs_unquantized=error_figures(c, reference))

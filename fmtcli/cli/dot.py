@@ -36,7 +36,7 @@ def dot_command(
     format_name: Annotated[Optional[str], typer.Option(
         "--format", metavar="F", show_default=False,
         help="Format of A and B: x_q = cast(x * scale) / scale, amax scales, saturating "
-        "cast.  [default: float8_e4m3fn]")] = None,
+        "cast (formats over 8 bits: cast, no scale).  [default: float8_e4m3fn]")] = None,
     granularity: Annotated[str, typer.Option(
         "--scale-granularity", metavar="tensor|row|block:BS",
         help="One scale per tensor; per row of A and column of B; or block:BS, A per 1 x BS "
@@ -76,8 +76,8 @@ def dot_command(
     """
     from ..arithmetic.dot import analyse_dot, load_operands
 
-    check_not_empty(format=format_name, accumulator=accumulator,
-                    scale_granularity=granularity)
+    check_not_empty(**{"format": format_name, "accumulator": accumulator,
+                       "scale-granularity": granularity})
     spec = resolve_one_format(format_name or "float8_e4m3fn")
     if accumulator is not None and accumulator_bits is not None:
         raise UsageError("--accumulator-bits and --accumulator are alternatives: give one")
