@@ -280,6 +280,13 @@ def test_cli_files(tmp_path):
     assert_data_error(invoke("dot", tmp_path / "a.npy", tmp_path / "bad.npy"), "K")
     assert_usage_error(invoke("dot", tmp_path / "a.npy", tmp_path / "b.npy", "--k", "8"),
                        "--k")
+    np.savez(tmp_path / "abc.npz", c=np.ones(3), b=b, a=a)  # by name, not by order
+    assert json_of("dot", tmp_path / "abc.npz")["emulated"] == doc["emulated"]
+    assert_data_error(invoke("dot", tmp_path / "a.npy"), "holds 1 usable")
+    nan = b.copy()
+    nan[3, 4] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    assert_data_error(invoke("dot", tmp_path / "a.npy", tmp_path / "nan.npy"), "NaN")
 
 
 @pytest.mark.parametrize("args,fragment", [

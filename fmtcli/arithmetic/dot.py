@@ -51,7 +51,6 @@ Vectorised over all M x N outputs; the only Python loop is over the K steps of `
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,14 +234,15 @@ def load_operands(paths: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[str, 
     from ..tensors import load_inputs
 
     sources = [s for s in load_inputs(paths) if s.skipped is None]
-    if len(sources) != 2:
-        raise DataError(f"dot takes two tensors A and B (two files, or one file holding two); "
-                        f"{', '.join(shown(p) for p in paths[:5])} hold {len(sources)} usable")
-    if len(paths) == 1:
+    if len(paths) == 1:  # tensors named a and b are A and B, whatever else the file holds
         named = [[s for s in sources if (s.key or "").lower().rsplit(".", 1)[-1] == w]
                  for w in ("a", "b")]
         if all(len(h) == 1 for h in named) and named[0][0] is not named[1][0]:
             sources = [named[0][0], named[1][0]]
+    if len(sources) != 2:
+        raise DataError(f"dot takes two tensors A and B (two files, or one file holding two, "
+                        f"or named a and b); {', '.join(shown(p) for p in paths[:5])} "
+                        f"{'holds' if len(paths) == 1 else 'hold'} {len(sources)} usable")
     arrays = []
     for label, source in zip("AB", sources):
         x = np.asarray(source.array(), dtype=np.float64)
@@ -499,9 +499,3 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
         result.update(gpu=gpu, torch_version=version, gpu_runs=tuple(runs))
     return DotResult(**result)
 
-
-def timed(call, *args, **kwargs):
-    """``call(*args, **kwargs)`` and its wall time in seconds (for benchmarks)."""
-    start = time.perf_counter()
-    value = call(*args, **kwargs)
-    return value, time.perf_counter() - start
