@@ -71,7 +71,7 @@ def round_binary(q: Fraction, p: int, emin: int, emax: int, mode: str):
     if q == 0:
         return Fraction(0)
     a = abs(q)
-    e = emin
+    e = max(emin, a.numerator.bit_length() - a.denominator.bit_length() - 1)  # <= log2 a
     while Fraction(2) ** (e + 1) <= a:
         e += 1
     quantum = Fraction(2) ** (e - p + 1)

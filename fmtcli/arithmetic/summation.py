@@ -25,7 +25,9 @@ Orders (``order``):
 
 ``stalled_at``: the count of values added after which the running sum never changed again
 although nonzero values were still added (sequential and kahan: per value; blocked: per
-block, counted in values; pairwise has no running sum: None).  ``absorbed``: how many
+block, counted in values; pairwise has no running sum: None).  With stochastic rounding
+nothing stalls for sure -- every addition moves the sum with probability |x| / spacing --
+so ``stalled_at`` is None there.  ``absorbed``: how many
 nonzero values changed nothing when added (sequential: the lost additions).
 
 How fast: a sequential sum whose values the accumulator holds exactly (float16, bfloat16,
@@ -508,6 +510,8 @@ def _accumulate(stored: np.ndarray, spec: FormatSpec, order: str, block: int | N
         total, stalled, absorbed, method = _pairwise(stored, adder)
     else:
         total, stalled, absorbed, method = _blocked(stored, adder, block)
+    if rounding is RoundingMode.STOCHASTIC:
+        stalled = None  # each later addition still moves the sum with some probability
     error, rel = _relative(stored, total, exact)
     stalled_value = next_value = None
     if stalled is not None:

@@ -1,0 +1,262 @@
+"""``fmt sum`` and ``fmtcli.arithmetic.summation``: running sums held in a format.
+
+Every order is checked bit for bit against the same algorithm written here with exact
+Fractions and ``arith_oracle``'s rounding (no fmtcli): sequential, pairwise, Kahan and
+blocked sums in BF16, FP16, FP8 and float32, in nearest and directed modes, on both paths
+of the library (numpy's ``add.accumulate`` where the accumulator holds the values, the
+exact loop elsewhere).  Then the article's figures: BF16 summing 0.01 ten thousand times
+stalls (at 350 values, at 4), an FP32 master copy keeps the updates that a BF16 weight
+loses (Micikevicius et al. 2018, §3.1); inputs, refusals, JSON and the table's width.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from arith_oracle import FLOAT32, OVERFLOW, round_binary, round_listed
+from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
+
+from fmtcli.arithmetic.summation import sum_values, weight_update
+
+ELLIPSIS = "\u2026"
+LISTED = {"bfloat16": "bfloat16", "float16": "float16", "e4m3fn": "float8_e4m3fn",
+          "e5m2": "float8_e5m2"}
+
+
+def oracle_round(q: Fraction, name: str, mode: str) -> Fraction:
+    result = round_binary(q, **FLOAT32, mode=mode) if name == "float32" else \
+        round_listed(q, LISTED[name], mode)
+    assert result != OVERFLOW, "keep the oracle's sums in range"
+    return result
+
+
+def oracle_sequential(values, name, mode) -> tuple[Fraction, int]:
+    """(sum, stalled_at) of s = fl(s + x) in exact arithmetic."""
+    s, last = Fraction(0), 0
+    for i, x in enumerate(values, 1):
+        new = oracle_round(s + Fraction(x), name, mode)
+        if new != s:
+            last = i
+        s = new
+    return s, last
+
+
+def oracle_pairwise(values, name, mode) -> Fraction:
+    level = [Fraction(x) for x in values]
+    if len(level) == 1:
+        return oracle_round(level[0], name, mode)
+    while len(level) > 1:
+        pairs = [oracle_round(level[i] + level[i + 1], name, mode)
+                 for i in range(0, len(level) - 1, 2)]
+        level = pairs + ([level[-1]] if len(level) % 2 else [])
+    return level[0]
+
+
+def oracle_kahan(values, name, mode) -> Fraction:
+    fl = lambda q: oracle_round(q, name, mode)  # noqa: E731
+    s = c = Fraction(0)
+    for x in values:
+        y = fl(Fraction(x) - c)
+        t = fl(s + y)
+        c = fl(fl(t - s) - y)
+        s = t
+    return s
+
+
+def oracle_blocked(values, name, mode, block) -> Fraction:
+    sums = [oracle_sequential(values[i:i + block], name, mode)[0]
+            for i in range(0, len(values), block)]
+    return oracle_sequential([float(x) for x in sums], name, mode)[0]
+
+
+def stored_float32(n: int, seed: int, scale: float = 1.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n) * scale).astype(np.float32).astype(np.float64)
+
+
+def accumulator(result, name):
+    (row,) = [a for a in result.accumulators if a.format == name]
+    return row
+
+
+# -- bit for bit against the oracle --------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "mode"), [("bfloat16", "nearest-even"),
+                                            ("bfloat16", "toward-zero"), ("float16", "up"),
+                                            ("float16", "nearest-away"),
+                                            ("e4m3fn", "nearest-even"), ("e5m2", "toward-zero"),
+                                            ("float32", "nearest-even")])
+def test_sequential_sums_are_the_exact_recurrence(name, mode):
+    values = stored_float32(600, 1, 0.5 if name.startswith("e") else 1.0)
+    result = sum_values(values, [name], "float32", "sequential", mode)
+    expected, _ = oracle_sequential(values.tolist(), name, mode)
+    assert Fraction(accumulator(result, result.accumulators[0].format).sum) == expected
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float32"])
+def test_the_numpy_path_equals_the_exact_recurrence(name):
+    """Values the accumulator holds exactly run as numpy's add.accumulate in its dtype."""
+    values = stored_float32(1500, 2)
+    result = sum_values(values, [name], name, "sequential")
+    row = result.accumulators[0]
+    assert row.method.startswith("numpy add.accumulate")
+    stored = [float(oracle_round(Fraction(x), name, "nearest-even")) for x in values]
+    expected, last = oracle_sequential(stored, name, "nearest-even")
+    assert Fraction(row.sum) == expected
+
+
+@pytest.mark.parametrize(("name", "mode"), [("bfloat16", "nearest-even"), ("float16", "up"),
+                                            ("e4m3fn", "toward-zero")])
+def test_pairwise_kahan_and_blocked_are_their_exact_algorithms(name, mode):
+    values = stored_float32(333, 3, 0.25)
+    listed = values.tolist()
+    pairwise = sum_values(values, [name], "float32", "pairwise", mode).accumulators[0]
+    assert Fraction(pairwise.sum) == oracle_pairwise(listed, name, mode)
+    kahan = sum_values(values[:150], [name], "float32", "kahan", mode).accumulators[0]
+    assert Fraction(kahan.sum) == oracle_kahan(listed[:150], name, mode)
+    blocked = sum_values(values, [name], "float32", "blocked:16", mode).accumulators[0]
+    assert Fraction(blocked.sum) == oracle_blocked(listed, name, mode, 16)
+
+
+def test_the_exact_sum_and_the_relative_error_are_exact():
+    values = stored_float32(5000, 4)
+    result = sum_values(values, ["bfloat16", "float64"])
+    exact = sum(Fraction(x) for x in values.tolist())
+    assert result.exact == float(exact)
+    row = accumulator(result, "bfloat16")
+    assert row.rel_error == pytest.approx(float(abs(Fraction(row.sum) - exact) / abs(exact)),
+                                          rel=1e-15)
+    assert row.abs_error == float(Fraction(row.sum) - exact)
+
+
+# -- the article ---------------------------------------------------------------------------
+
+def test_bf16_summing_001_ten_thousand_times_stalls_at_350_values_at_4():
+    """In BF16 the spacing of [4, 8) is 2^-5: half of it exceeds 0.01, so s + 0.01 = s."""
+    doc = json_of("sum")
+    assert doc["count"] == 10_000 and doc["format"] == "float32"
+    rows = {a["format"]: a for a in doc["accumulators"]}
+    assert set(rows) == {"bfloat16", "float16", "float32", "float64"}
+    for row in rows.values():
+        assert set(row) >= {"format", "sum", "exact", "rel_error", "stalled_at"}
+    x = float(np.float32(0.01))
+    expected, last = oracle_sequential([x] * 10_000, "bfloat16", "nearest-even")
+    assert last == rows["bfloat16"]["stalled_at"] == 350
+    assert rows["bfloat16"]["sum"] == float(expected) == 4.0
+    assert rows["bfloat16"]["next_value"] == x
+    assert rows["float16"]["stalled_at"] == 2798 and rows["float16"]["sum"] == 32.0
+    assert rows["float32"]["stalled_at"] is None and rows["float64"]["stalled_at"] is None
+    assert rows["bfloat16"]["rel_error"] == pytest.approx(0.96, abs=1e-6)
+    assert rows["float64"]["rel_error"] == 0.0  # float64 adds float32 values exactly here
+    assert doc["exact"] == math.fsum([x] * 10_000)
+
+
+def test_pairwise_and_kahan_keep_what_sequential_bf16_loses():
+    rows = {o: accumulator(sum_values(np.full(10_000, 0.01), ["bfloat16"], order=o),
+                           "bfloat16") for o in ("sequential", "pairwise", "kahan")}
+    assert rows["sequential"].rel_error > 0.9
+    assert rows["pairwise"].rel_error < 0.01 and rows["kahan"].rel_error < 0.02
+    assert rows["pairwise"].stalled_at is None and rows["pairwise"].absorbed is None
+
+
+def test_stochastic_rounding_keeps_a_bf16_sum_growing():
+    row = sum_values(np.full(10_000, 0.01), ["bfloat16"], rounding="stochastic",
+                     seed=1).accumulators[0]
+    assert row.stalled_at is None and row.rel_error < 0.05
+    assert 0 < row.absorbed < 10_000  # each addition moves it with probability x / spacing
+
+
+def test_a_bf16_weight_loses_every_small_update_an_fp32_master_copy_keeps():
+    """Micikevicius et al. 2018, §3.1: w -= 1e-5 on w = 1: BF16's spacing below 1 is 2^-8,
+    so w - 1e-5 rounds back to 1 every time; FP32 (spacing 2^-24) moves."""
+    doc = json_of("sum", "--update", "1e-4*1e-1", "--count", "1000")
+    rows = {a["format"]: a for a in doc["accumulators"]}
+    assert set(rows) == {"bfloat16", "float32"}
+    u = float(np.float32(1e-5))
+    assert doc["update"] == {"weight": 1.0, "update": u, "steps": 1000,
+                             "exact": float(1 - 1000 * Fraction(u))}
+    assert rows["bfloat16"]["absorbed"] == 1000 and rows["bfloat16"]["sum"] == 1.0
+    assert rows["bfloat16"]["stalled_at"] == 0
+    assert rows["float32"]["absorbed"] == 0 and rows["float32"]["stalled_at"] is None
+    w = Fraction(1)
+    for _ in range(1000):
+        w = round_binary(w - Fraction(u), **FLOAT32, mode="nearest-even")
+    assert Fraction(rows["float32"]["sum"]) == w
+
+
+def test_updates_large_enough_for_bf16_are_kept():
+    result = weight_update(2.0 ** -6, 10, accumulators=["bf16"])
+    row = result.accumulators[0]
+    assert row.absorbed == 0 and row.sum == 1 - 10 * 2.0 ** -6
+
+
+# -- inputs and refusals -------------------------------------------------------------------
+
+def test_inputs_from_files_stdin_random_and_constants(tmp_path):
+    path = tmp_path / "x.npy"
+    values = stored_float32(100, 5)
+    np.save(path, values.reshape(10, 10))
+    from_file = json_of("sum", path, "-a", "fp64")
+    assert from_file["count"] == 100 and from_file["exact"] == math.fsum(values.tolist())
+    text = "\n".join(map(repr, values.tolist()))
+    assert json_of("sum", "-", "-a", "fp64", input=text)["exact"] == from_file["exact"]
+    drawn = json_of("sum", "--random", "1000", "--dist", "lognormal", "--seed", "3")
+    assert drawn["count"] == 1000 and drawn["exact"] > 0
+    assert drawn == json_of("sum", "--random", "1000", "--dist", "lognormal", "--seed", "3")
+    constant = json_of("sum", "--constant", "2^-10", "--count", "7", "--format", "bf16")
+    assert constant["exact"] == 7 * 2.0 ** -10 and constant["inputs_rounded"] == 0
+
+
+USAGE = [(["--random", "5", "--constant", "1"], "one input"),
+         (["--count", "5", "--random", "5"], "--count"),
+         (["--order", "blocked"], "blocked:B"), (["--order", "blocked:0"], "block size"),
+         (["--order", "zigzag"], "unknown order"), (["--random", "5", "--dist", "cauchy"],
+                                                    "distribution"),
+         (["--format", "bf16,fp16"], "one format"), (["--accumulator", ""], "--accumulator"),
+         (["-a", "nope"], "unknown format"), (["--constant", "abc"], "cannot read"),
+         (["--constant", "1e10", "--format", "fp16"], "beyond float16"),
+         (["--update", "1e-3", "--random", "5"], "--update"),
+         (["--update", "1e-3", "--order", "kahan"], "sequential"),
+         (["--weight", "2"], "--weight goes with --update"),
+         (["--random", "600000", "--order", "kahan"], "kahan"),
+         (["--random", "3000000", "-a", "e5m2"], "Python loop"),
+         (["--random", "5", "-a", "e8m0"], "no negative"), (["--count", "0"], "--count")]
+
+
+@pytest.mark.parametrize(("args", "fragment"), USAGE, ids=[" ".join(a) for a, _ in USAGE])
+def test_usage_errors(args, fragment):
+    assert_usage_error(invoke("sum", *args), fragment)
+
+
+def test_data_errors(tmp_path):
+    assert_data_error(invoke("sum", tmp_path / "missing.npy"))
+    bad = tmp_path / "nan.npy"
+    np.save(bad, np.array([1.0, np.nan]))
+    assert_data_error(invoke("sum", bad), "finite")
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("args", [[], ["--update", "1e-3*1e-2"],
+                                  ["--random", "2000", "--order", "blocked:64", "-a",
+                                   "e4m3,e5m2,bf16,tf32,fp32"],
+                                  ["--constant", "-1e-30", "--count", "5", "-a", "e2m1,fp64"]])
+def test_the_table_fits_uncut(width, args):
+    out = succeeds("sum", *args, env={"COLUMNS": str(width)}).stdout
+    assert ELLIPSIS not in out, out
+    assert not [line for line in out.splitlines() if len(line) > width], out
+
+
+def test_the_table_says_where_and_at_what_value_bf16_stalled():
+    words = " ".join(succeeds("sum", env={"COLUMNS": "80"}).stdout.split())
+    assert "bfloat16: 4 + 0.009999999776482582 = 4 from value 351 on" in words
+
+
+def test_json_is_strict_when_a_sum_overflows():
+    doc = json_of("sum", "--constant", "400", "--count", "10", "-a", "e4m3fn")
+    row = doc["accumulators"][0]
+    assert row["sum"] == "nan" and row["rel_error"] == "nan"
+    json.dumps(doc, allow_nan=False)
