@@ -8,9 +8,10 @@ the *dequantization* scales ``d = 1 / scale``; its dims must be multiples of 16.
 fast accumulation cuBLAS promotes partial sums to FP32 periodically; with it, the whole K
 stays in the tensor core's accumulator (the setting DeepSeek-V3 §3.3.2 warns about).
 
-``_scaled_mm`` is private API (in torch since 2.1, its signature settled in 2.5): it is
-checked for before use, and a torch without it, or a GPU without FP8 tensor cores
-(compute capability below 8.9), gets a row saying so instead of a result.  torch is
+``_scaled_mm`` is private API whose signature has changed between releases: it is checked
+for (present, torch >= 2.5, the keyword form used here; measured on 2.11) before use, and a
+torch without it, or a GPU without FP8 tensor cores (compute capability below 8.9), gets a
+row saying so instead of a result; a call torch refuses (block scales on torch 2.11) too.  torch is
 imported here only, when ``--device cuda`` asks for it.
 """
 
@@ -23,8 +24,8 @@ from .dot import GpuRun, Operand, error_figures
 
 #: FP8 formats torch has dtypes (and _scaled_mm kernels) for.
 TORCH_FP8 = ("float8_e4m3fn", "float8_e5m2")
-#: The first torch whose _scaled_mm takes (a, b, scale_a, scale_b, ..., out_dtype,
-#: use_fast_accum) by keyword with tensor scales.
+#: The oldest torch this calls _scaled_mm on (a, b, scale_a=, scale_b=, out_dtype=,
+#: use_fast_accum=, with tensor scales); older ones get the fallback row.
 MIN_TORCH = (2, 5)
 
 
