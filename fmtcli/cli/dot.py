@@ -45,7 +45,7 @@ def dot_command(
         "--accumulator-bits", min=1, max=40, metavar="B", show_default=False,
         help="Fraction bits of the tensor-core accumulator: each step of 32 products is "
         "aligned to the largest exponent and cut to B bits.  [default: 13, DeepSeek-V3's "
-        "'about 14 bits' of H800 FP8 GEMMs]")] = None,
+        "'around 14 bits' of H800 FP8 GEMMs]")] = None,
     accumulator: Annotated[Optional[str], typer.Option(
         "--accumulator", metavar="F", show_default=False,
         help="An ordinary accumulator in format F instead (e.g. bf16, fp16, fp32): "
