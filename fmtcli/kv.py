@@ -76,7 +76,13 @@ def _to_tokens_heads_dim(x: np.ndarray, axes: tuple[str, ...], name: str) -> np.
                         f"({','.join(axes)}): give --layout")
     order = [axes.index(a) for a in axes if a not in ("heads", "dim")]
     x = np.transpose(x, order + [axes.index("heads"), axes.index("dim")])
-    return np.ascontiguousarray(x.reshape(-1, x.shape[-2], x.shape[-1]), dtype=np.float32)
+    x = np.ascontiguousarray(x.reshape(-1, x.shape[-2], x.shape[-1]), dtype=np.float32)
+    if not x.size:
+        raise DataError(f"{shown(name)}: empty")
+    if not np.isfinite(x).all():  # an amax of inf or NaN makes no scale
+        raise DataError(f"{shown(name)}: {int((~np.isfinite(x)).sum()):,} value(s) inf or "
+                        "NaN (or beyond float32)")
+    return x
 
 
 def stream_of(source: TensorSource) -> tuple[int | None, str] | None:

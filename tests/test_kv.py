@@ -125,6 +125,12 @@ def test_errors(tmp_path):
     assert_usage_error(invoke("kv", "--out", tmp_path / "s.txt"), ".safetensors or .json")
     np.save(tmp_path / "weights.npy", np.ones((4, 4, 4), np.float32))
     assert_data_error(invoke("kv", tmp_path / "weights.npy"), "no K or V tensor")
+    bad = np.ones((4, 2, 8), np.float32)
+    bad[1, 1, 1] = np.nan
+    np.save(tmp_path / "layers.0.k.npy", bad)
+    assert_data_error(invoke("kv", tmp_path / "layers.0.k.npy"), "layers.0.k.npy'", "inf or NaN")
+    np.save(tmp_path / "layers.0.v.npy", np.ones((0, 2, 8), np.float32))
+    assert_data_error(invoke("kv", tmp_path / "layers.0.v.npy"), "empty")
 
 
 def test_json_direction_and_unit_cost():
