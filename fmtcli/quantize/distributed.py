@@ -374,6 +374,9 @@ class DaskScan:
             raise
         except self.distributed.KilledWorker as error:
             raise DataError(f"a Dask task killed every worker that ran it ({error})") from None
+        except ImportError as error:  # a worker without fmtcli (or another version of it)
+            raise DataError(f"a Dask worker cannot run fmtcli's tasks ({error})",
+                            "install the same fmtcli on every worker") from None
         finally:
             future.release()
         kind = meta[0]
