@@ -54,8 +54,9 @@ class CalcStep:
     stored in the format; "operation"), the exact result of the operation on the stored
     operands (``exact``, nearest float64; ``exact_text``: written exactly where short),
     the rounded ``value``, ``error = value - exact`` (float64 of the exact difference),
-    ``rel_error`` = |error| / |exact|, and ``note`` ("absorbed: ..." where an addend was
-    lost, "exact", "overflow", "underflow to 0", "invalid", or "")."""
+    ``rel_error`` = |error| / |exact|, and ``note`` ("T absorbed" where the sum lost its
+    term T, "exact", "rounded", "overflow", "underflow to 0", "invalid", "division by
+    zero", or "")."""
 
     expression: str
     kind: str
@@ -380,7 +381,7 @@ def _error(value: float, exact: Number) -> tuple[float, float]:
 
 def _note(node: _Node, operands: list[float], exact: Number, value: float) -> str:
     """What happened in an operation: invalid (NaN from numbers), overflow, underflow to
-    0, exact, or "absorbed: TERM lost" where a sum came out equal to one of its terms
+    0, exact, or "TERM absorbed" where a sum came out equal to one of its terms
     although the other was not zero (the article's 1 + 2^-9 = 1 in BF16)."""
     if isinstance(exact, float) and math.isnan(exact):
         return "invalid"
@@ -396,15 +397,15 @@ def _note(node: _Node, operands: list[float], exact: Number, value: float) -> st
     if node.op in ("+", "-") and math.isfinite(value):
         a, b = operands
         if b != 0 and value == a:
-            return f"absorbed: {node.args[1].text} lost"
+            return f"{node.args[1].text} absorbed"
         if a != 0 and value == (-b if node.op == "-" else b):
-            return f"absorbed: {node.args[0].text} lost"
+            return f"{node.args[0].text} absorbed"
     if node.op == "fma" and math.isfinite(value):
         a, b, c = operands
         if c != 0 and math.isfinite(a * b) and Fraction(value) == Fraction(a) * Fraction(b):
-            return f"absorbed: {node.args[2].text} lost"
+            return f"{node.args[2].text} absorbed"
         if a * b != 0 and value == c:
-            return f"absorbed: {node.args[0].text} * {node.args[1].text} lost"
+            return f"{node.args[0].text} * {node.args[1].text} absorbed"
     return ""
 
 
@@ -473,7 +474,7 @@ def calculate(expression: str, formats=DEFAULT_FORMATS,
         results.append(CalcFormat(
             format=format_label(spec), precision_bits=spec.mantissa_bits + 1, value=value,
             exact=_float(exact), error=error, rel_error=rel,
-            absorbed=sum(s.note.startswith("absorbed") for s in steps), steps=tuple(steps)))
+            absorbed=sum(s.note.endswith(" absorbed") for s in steps), steps=tuple(steps)))
     return CalcResult(expression=" ".join(expression.split()), rounding=rounding.value,
                       exact=_float(exact), exact_text=exact_text(exact),
                       results=tuple(results))

@@ -13,8 +13,7 @@ from .options import JsonOption, RoundingOption, check_not_empty
 from .output import emit, note
 
 
-@app.command("sum", short_help="Accumulation drift: where a BF16 running sum stalls; lost "
-             "updates.")
+@app.command("sum", short_help="Accumulation drift: where a BF16 sum stalls; lost updates.")
 def sum_command(
     file: Annotated[Optional[str], typer.Argument(
         metavar="[FILE]", show_default=False,
