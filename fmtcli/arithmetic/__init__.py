@@ -23,11 +23,11 @@ import importlib
 
 _EXPORTS = {
     "Arithmetic": "ops", "round_rational": "ops", "round_float": "ops",
-    "arithmetic_spec": "ops",
+    "float_rounder": "ops", "arithmetic_spec": "ops", "arithmetic_specs": "ops",
     "CalcResult": "calc", "CalcFormat": "calc", "CalcStep": "calc", "calculate": "calc",
     "parse_expression": "calc",
     "SumResult": "summation", "AccumulatorResult": "summation", "sum_values": "summation",
-    "weight_update": "summation", "sum_inputs": "summation",
+    "weight_update": "summation", "sum_inputs": "summation", "WeightUpdate": "summation",
 }
 
 __all__ = sorted(_EXPORTS)
