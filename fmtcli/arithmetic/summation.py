@@ -426,27 +426,31 @@ def _check_loop(n: int, what: str) -> None:
                          "further)")
 
 
+def _fsum(values: np.ndarray, first: float | None = None, negate: bool = False) -> float:
+    """math.fsum of ``first`` and the values (negated with ``negate``): the exact sum,
+    correctly rounded to float64; the values go to Python a chunk at a time (no list of
+    ten million floats)."""
+    def chunks():
+        if first is not None:
+            yield first
+        for start in range(0, values.size, 1 << 16):
+            chunk = values[start:start + (1 << 16)]
+            yield from (-chunk if negate else chunk).tolist()
+
+    return math.fsum(chunks())
+
+
 def _relative(values: np.ndarray, total: float, exact: float) -> tuple[float, float]:
     """(total - exact, |total - exact| / |exact|) from the exact difference (fsum)."""
     if not math.isfinite(total):
         return (total - exact if not math.isnan(total) else math.nan), \
             (math.inf if not math.isnan(total) else math.nan)
-    difference = math.fsum([total, *(-values).tolist()]) if values.size <= 4_000_000 \
-        else float(Fraction(total) - _exact_fraction(values))
+    difference = _fsum(values, total, negate=True)
     if difference == 0:
         return 0.0, 0.0
     if exact == 0:
         return difference, math.inf
     return difference, abs(difference) / abs(exact)
-
-
-def _exact_fraction(values: np.ndarray) -> Fraction:
-    """The exact sum of float64 values: integers scaled by the smallest exponent."""
-    mantissas, exponents = np.frexp(values)
-    low = int(exponents.min()) - 53
-    units = np.ldexp(mantissas, exponents - low).astype(np.int64)  # exact: < 2**53 + ...
-    return Fraction(int(units.sum(dtype=object)) if units.size < 1000 else
-                    sum(int(u) for u in units.tolist())) * Fraction(2) ** low
 
 
 def sum_values(values, accumulators=DEFAULT_ACCUMULATORS, format: str | FormatSpec = "float32",
@@ -471,7 +475,7 @@ def sum_values(values, accumulators=DEFAULT_ACCUMULATORS, format: str | FormatSp
     specs = [arithmetic_spec(a)[0] if isinstance(a, str) else a for a in accumulators]
     if not specs:
         raise UsageError("no accumulators given", "e.g. accumulators=['bf16', 'fp32']")
-    exact = math.fsum(stored.tolist())
+    exact = _fsum(stored)
     results = [_accumulate(stored, spec, name, block, rounding, seed, exact) for spec in specs]
     return SumResult(source=source, count=int(stored.size), format=format_label(store),
                      inputs_rounded=int(np.count_nonzero(stored != given)),
