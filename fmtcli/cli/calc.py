@@ -8,13 +8,14 @@ import typer
 
 from ..choices import RoundingMode
 from ..errors import UsageError, shown
-from .app import app
+from .app import UsageWithEllipsis, app
 from .options import JsonOption, RoundingOption, SeedOption, check_not_empty
 from .output import emit, note
 
 
-@app.command("calc", short_help="Each operation rounded once to a format: 1 + 2^-9 in "
-             "BF16.", context_settings={"ignore_unknown_options": True})
+@app.command("calc", cls=UsageWithEllipsis,
+             short_help="Each operation rounded once to a format: 1 + 2^-9 in BF16.",
+             context_settings={"ignore_unknown_options": True})
 def calc_command(
     expression: Annotated[str, typer.Argument(
         metavar="EXPR", show_default=False,
