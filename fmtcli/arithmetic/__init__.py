@@ -8,7 +8,8 @@ and rounded once, in a chosen format and rounding mode.
   step's exact value, rounded value and error, and where a term was absorbed;
 - ``summation`` -- ``fmt sum``: values added with the running sum held in each accumulator
   format, in a chosen order, against the exact sum; where the sum stalls; and the weight
-  update of mixed-precision training with and without an FP32 master copy;
+  update of mixed-precision training with and without an FP32 master copy; ``sum_inputs``
+  its values (a file, random draws, a constant) and orders;
 - ``dot`` -- ``fmt dot``: an FP8 GEMM with a limited-precision accumulator and FP32
   promotion (DeepSeek-V3 §3.3.2) against float64; ``dot_cuda`` the real one on a GPU
   (``torch._scaled_mm``).
@@ -27,7 +28,7 @@ _EXPORTS = {
     "CalcResult": "calc", "CalcFormat": "calc", "CalcStep": "calc", "calculate": "calc",
     "parse_expression": "calc",
     "SumResult": "summation", "AccumulatorResult": "summation", "sum_values": "summation",
-    "weight_update": "summation", "sum_inputs": "summation", "WeightUpdate": "summation",
+    "weight_update": "summation", "sum_inputs": "sum_inputs", "WeightUpdate": "summation",
 }
 
 __all__ = sorted(_EXPORTS)

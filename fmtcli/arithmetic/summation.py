@@ -27,8 +27,8 @@ Orders (``order``):
 although nonzero values were still added (sequential and kahan: per value; blocked: per
 block, counted in values; pairwise has no running sum: None).  With stochastic rounding
 nothing stalls for sure -- every addition moves the sum with probability |x| / spacing --
-so ``stalled_at`` is None there.  ``absorbed``: how many
-nonzero values changed nothing when added (sequential: the lost additions).
+so ``stalled_at`` is None there.  ``absorbed``: how many nonzero values changed nothing
+when added (sequential and kahan: the lost additions).
 
 How fast: a sequential sum whose values the accumulator holds exactly (float16, bfloat16,
 float32, float64; nearest-even) runs as numpy's ``add.accumulate`` in that dtype, one
@@ -43,14 +43,13 @@ values.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from ..choices import RoundingMode
-from ..errors import DataError, UsageError, shown
+from ..errors import UsageError
 from ..formats import FormatSpec
 from ..rounding import round_to_format
 from .ops import (
@@ -61,17 +60,11 @@ from .ops import (
     is_float64,
     round_rational,
 )
+from .sum_inputs import DEFAULT_COUNT, MAX_VALUES, check_count, parse_order, short_number
 
 DEFAULT_ACCUMULATORS = ("bfloat16", "float16", "float32", "float64")
-#: The article's example, ``fmt sum`` with no input: 0.01 added ten thousand times.
-DEFAULT_CONSTANT = "0.01"
-DEFAULT_COUNT = 10_000
-ORDERS = ("sequential", "pairwise", "kahan", "blocked:B")
-DISTRIBUTIONS = ("normal", "uniform", "lognormal")
-MAX_VALUES = 10_000_000  # values held (float64: 80 MB) and summed by vectorised paths
 MAX_LOOP = 2_000_000  # values a Python loop adds (~1 µs each per accumulator)
 MAX_KAHAN = 500_000  # values of a Kahan sum (four roundings a value: ~4 µs)
-MAX_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -143,97 +136,6 @@ class SumResult:
                 "block": self.block, "rounding": self.rounding, "exact": self.exact,
                 "accumulators": [a.to_dict() for a in self.accumulators],
                 "update": None if self.update is None else self.update.to_dict()}
-
-
-# -- inputs ----------------------------------------------------------------------------
-
-def sum_inputs(path: str | None = None, random: int | None = None, dist: str = "normal",
-               seed: int = 0, constant: float | None = None,
-               count: int | None = None) -> tuple[np.ndarray, str]:
-    """The values to sum (float64) and a description: a FILE of one tensor (any input
-    ``fmt`` reads; flattened), ``random`` draws from ``dist`` (normal: N(0, 1); uniform:
-    [0, 1); lognormal: exp(N(0, 1))) with ``seed``, or ``constant`` repeated ``count``
-    times (default 10,000).  With none of them: the article's 0.01, ten thousand times."""
-    given = [path is not None, random is not None, constant is not None]
-    if sum(given) > 1:
-        raise UsageError("give one input: a FILE, random=N or constant=V")
-    if count is not None and constant is None and (path is not None or random is not None):
-        raise UsageError("count=N goes with constant=V (random=N sets its own count)")
-    if random is not None:
-        _check_count(random, "random")
-        if dist not in DISTRIBUTIONS:
-            raise UsageError(f"unknown distribution {shown(dist)} (one of "
-                             f"{', '.join(DISTRIBUTIONS)})")
-        rng = np.random.default_rng(seed)
-        draw = {"normal": lambda: rng.standard_normal(random),
-                "uniform": lambda: rng.random(random),
-                "lognormal": lambda: rng.lognormal(0.0, 1.0, random)}[dist]
-        return draw(), f"{random:,} {dist} draws (seed {seed})"
-    if path is not None:
-        return _read_file(path)
-    if constant is None:
-        constant = float(DEFAULT_CONSTANT)
-    n = DEFAULT_COUNT if count is None else count
-    _check_count(n, "count")
-    if not math.isfinite(constant):
-        raise UsageError(f"constant must be finite, got {constant}")
-    return np.full(n, float(constant)), f"{_short(constant)} x {n:,}"
-
-
-def _short(x: float) -> str:
-    text = repr(float(x))
-    return text.removesuffix(".0")
-
-
-def _check_count(n: int, name: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise UsageError(f"{name} must be at least 1, got {name}={n}")
-    if n > MAX_VALUES:
-        raise UsageError(f"{name}={n:,}: at most {MAX_VALUES:,} values")
-
-
-def _read_file(path: str) -> tuple[np.ndarray, str]:
-    from ..tensors import load_path
-
-    if os.path.isdir(path):
-        raise DataError(f"{shown(path)} is a directory (give one file)")
-    sources = load_path(path)
-    usable = [s for s in sources if s.skipped is None]
-    where = "<stdin>" if path == "-" else shown(path)
-    if len(usable) != 1:
-        why = "; ".join(f"{shown(s.name)}: {s.skipped}" for s in sources[:3] if s.skipped)
-        raise DataError(f"{where} holds {len(usable)} usable tensors (fmt sum takes one)"
-                        + (f" ({why})" if why else ""))
-    source = usable[0]
-    if source.size > MAX_VALUES:
-        raise DataError(f"{where}: {source.size:,} values (at most {MAX_VALUES:,})")
-    if source.size == 0:
-        raise DataError(f"{where} holds no values")
-    values = np.asarray(source.array(), dtype=np.float64).reshape(-1)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        index = int(np.argmax(bad))
-        raise DataError(f"{where}: the values must be finite, value {index:,} is "
-                        f"{values[index]}")
-    return values, where
-
-
-def parse_order(order: str) -> tuple[str, int | None]:
-    """``sequential``, ``pairwise``, ``kahan`` or ``blocked:B`` -> (name, B or None)."""
-    text = order.strip().lower()
-    if text in ("sequential", "pairwise", "kahan"):
-        return text, None
-    name, colon, size = text.partition(":")
-    if name == "blocked":
-        if not colon or not size.strip().isdigit() or len(size.strip()) > 9:
-            raise UsageError(f"order {shown(order)}: write blocked:B with a block size, "
-                             "e.g. blocked:128")
-        block = int(size)
-        if not 1 <= block <= MAX_BLOCK:
-            raise UsageError(f"order {shown(order)}: the block size must be 1..{MAX_BLOCK:,}")
-        return "blocked", block
-    raise UsageError(f"unknown order {shown(order)} (sequential, pairwise, kahan or "
-                     "blocked:B)")
 
 
 # -- the accumulation ------------------------------------------------------------------
@@ -421,9 +323,10 @@ def _blocked(values: np.ndarray, adder: _Adder, block: int
 def _check_loop(n: int, what: str) -> None:
     if n > MAX_LOOP:
         raise UsageError(f"{n:,} values: a {what} sum in this format and rounding runs a "
-                         f"Python loop, at most {MAX_LOOP:,} values (float16, bfloat16, "
-                         "float32 and float64 sequential sums with nearest-even go "
-                         "further)")
+                         f"Python loop, at most {MAX_LOOP:,} values (a sequential sum with "
+                         "nearest-even of values the accumulator holds -- float16, bfloat16, "
+                         "float32, float64 -- runs vectorised: e.g. format='bf16' for a "
+                         "bfloat16 accumulator)")
 
 
 def _fsum(values: np.ndarray, first: float | None = None, negate: bool = False) -> float:
@@ -537,7 +440,7 @@ def weight_update(update: float, steps: int = DEFAULT_COUNT, weight: float = 1.0
     bf16 without a master copy vs an fp32 master copy (Micikevicius et al. 2018, §3.1).
     Each accumulator's ``absorbed`` is the updates lost (w - update rounded back to w) and
     ``stalled_at`` the updates applied before the weight stopped moving."""
-    _check_count(steps, "steps")
+    check_count(steps, "steps")
     if not (math.isfinite(update) and math.isfinite(weight)):
         raise UsageError("the update and the weight must be finite")
     store = arithmetic_spec(format)[0] if isinstance(format, str) else format
@@ -546,7 +449,7 @@ def weight_update(update: float, steps: int = DEFAULT_COUNT, weight: float = 1.0
     values = np.full(steps + 1, -u)
     values[0] = w
     result = sum_values(values, accumulators, store, "sequential", rounding, seed,
-                        source=f"w = {_short(w)}, w -= {_short(u)}, {steps:,} times")
+                        source=f"w = {short_number(w)}, w -= {short_number(u)}, {steps:,} times")
     exact = float(Fraction(w) - steps * Fraction(u))
     rows = []
     for a in result.accumulators:

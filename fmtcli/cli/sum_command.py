@@ -70,7 +70,8 @@ def sum_command(
     if file is not None and file.startswith("--"):
         raise UsageError(f"no such option: {shown(file)}", "see 'fmt sum --help'")
     from ..arithmetic.ops import arithmetic_specs
-    from ..arithmetic.summation import DEFAULT_ACCUMULATORS, sum_inputs, sum_values, weight_update
+    from ..arithmetic.sum_inputs import sum_inputs
+    from ..arithmetic.summation import DEFAULT_ACCUMULATORS, sum_values, weight_update
     from ..literals import parse_value
 
     check_not_empty(format=format_name, accumulator=accumulators, order=order, dist=dist)
