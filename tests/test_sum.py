@@ -260,3 +260,13 @@ def test_json_is_strict_when_a_sum_overflows():
     row = doc["accumulators"][0]
     assert row["sum"] == "nan" and row["rel_error"] == "nan"
     json.dumps(doc, allow_nan=False)
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_kahan_in_numpy_scalars_is_the_exact_algorithm(name):
+    """Values the accumulator holds: Kahan runs on numpy / ml_dtypes scalars."""
+    values = stored_float32(300, 6, 0.1)
+    row = sum_values(values, [name], name, "kahan").accumulators[0]
+    assert row.method.startswith("numpy")
+    stored = [float(oracle_round(Fraction(x), name, "nearest-even")) for x in values]
+    assert Fraction(row.sum) == oracle_kahan(stored, name, "nearest-even")
