@@ -85,29 +85,35 @@ def _to_tokens_heads_dim(x: np.ndarray, axes: tuple[str, ...], name: str) -> np.
     return x
 
 
-def stream_of(source: TensorSource) -> tuple[int | None, str] | None:
+def stream_of(source: TensorSource, kind: str | None = None
+              ) -> tuple[int | None, str] | None:
     """(layer index or None, 'k' or 'v') from a tensor's name (``layers.3.k``,
-    ``model.layers.3.self_attn.v_cache``; a .npy file's name without its suffix)."""
+    ``model.layers.3.self_attn.v_cache``; a .npy file's name without its suffix); with
+    ``kind`` (``--k``/``--v`` files) every tensor is of that stream, its layer from its
+    name."""
     name = source.key if source.key is not None else re.sub(r"\.npy$", "", source.source)
     name = name.rsplit("/", 1)[-1]
     last = name.rsplit(".", 1)[-1].lower()
-    kind = "k" if last in K_NAMES else "v" if last in V_NAMES else None
+    if kind is None:
+        kind = "k" if last in K_NAMES else "v" if last in V_NAMES else None
     if kind is None:
         return None
     index = _INDEX.search(name)
     return (int(index.group(1)) if index else None), kind
 
 
-def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT
+def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
+               kind: str | None = None, out: dict | None = None
                ) -> dict[tuple[int, str], np.ndarray]:
-    """(layer, 'k'/'v') -> (tokens, heads, dim) float32 of every K and V tensor."""
+    """(layer, 'k'/'v') -> (tokens, heads, dim) float32 of every K and V tensor (every
+    tensor is of stream ``kind`` when given), added to ``out`` when given."""
     axes = parse_layout(layout)
-    out: dict[tuple[int, str], np.ndarray] = {}
+    out = {} if out is None else out
     for source in sources:
-        found = stream_of(source)
+        found = stream_of(source, kind)
         if found is None or source.skipped:
             continue
-        layer, kind = found
+        layer, stream = found
         data = source.array()
         if "layers" in axes:
             if layer is not None:
@@ -116,11 +122,14 @@ def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT
             data = np.moveaxis(np.asarray(data), axes.index("layers"), 0)
             inner = tuple(a for a in axes if a != "layers")
             for i, part in enumerate(data):
-                out[(i, kind)] = _to_tokens_heads_dim(part, inner, source.name)
+                if (i, stream) in out:
+                    raise DataError(f"{shown(source.name)}: a second {stream.upper()} of "
+                                    f"layer {i}")
+                out[(i, stream)] = _to_tokens_heads_dim(part, inner, source.name)
             continue
-        key = (0 if layer is None else layer, kind)
+        key = (0 if layer is None else layer, stream)
         if key in out:
-            raise DataError(f"{shown(source.name)}: a second {kind.upper()} of layer {key[0]}")
+            raise DataError(f"{shown(source.name)}: a second {stream.upper()} of layer {key[0]}")
         out[key] = _to_tokens_heads_dim(np.asarray(data), axes, source.name)
     if not out:
         names = ", ".join(shown(s.name) for s in sources[:4])

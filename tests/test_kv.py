@@ -117,6 +117,22 @@ def test_layout_with_a_layers_axis(tmp_path):
     assert_data_error(invoke("kv", tmp_path / "cache.npz"), "layout")
 
 
+def test_k_and_v_files(tmp_path):
+    k = RNG.standard_normal((16, 2, 8)).astype(np.float32)
+    v = (RNG.standard_normal((16, 2, 8)) * 0.01).astype(np.float32)
+    np.save(tmp_path / "keys.npy", k)
+    save_file({"layers.0": v, "layers.1": v * 2}, str(tmp_path / "values.safetensors"))
+    doc = json_of("kv", "--k", tmp_path / "keys.npy", "--v", tmp_path / "values.safetensors",
+                  "--granularity", "tensor", "--candidates", "amax")
+    assert [(s["layer"], s["stream"]) for s in doc["streams"]] == [(0, "k"), (0, "v"),
+                                                                   (1, "v")]
+    assert doc["streams"][0]["recommended"]["scales"] == [
+        float(np.float32(np.abs(k).max() / 448))]
+    np.save(tmp_path / "layers.0.k.npy", k)
+    assert_data_error(invoke("kv", tmp_path / "layers.0.k.npy", "--k", tmp_path / "keys.npy"),
+                      "a second K of layer 0")
+
+
 def test_errors(tmp_path):
     assert_usage_error(invoke("kv", "--layout", "tokens,heads"), "heads and dim")
     assert_usage_error(invoke("kv", "--format", "fp16"), "e4m3fn")

@@ -22,6 +22,12 @@ def kv_command(
         "layers.3.k / layers.3.v, key/value, k_cache/v_cache; a .npy by its file name).  "
         "None: a built-in synthetic example (outlier channels in K, heavy-tailed V).",
         show_default=False)] = None,
+    k_file: Annotated[Optional[str], typer.Option(
+        "--k", metavar="PATH", help="A file whose every tensor is K (its layer from its "
+        "name, e.g. layers.3, or from a layers axis).", show_default=False)] = None,
+    v_file: Annotated[Optional[str], typer.Option(
+        "--v", metavar="PATH", help="A file whose every tensor is V.", show_default=False)
+    ] = None,
     format_name: Annotated[str, typer.Option(
         "--format", metavar="F", help="KV-cache format: " + ", ".join(FORMATS) + ".")
     ] = "e4m3fn",
@@ -58,7 +64,8 @@ def kv_command(
     from ..kv import analyse_kv, example_kv, kv_streams, parse_layout, write_scales
 
     check_not_empty(format=format_name, layout=layout, granularity=granularity,
-                    candidates=candidates, out=out)
+                    candidates=candidates, out=out, k=k_file, v=v_file)
+    inputs = [*(files or []), *(f for f in (k_file, v_file) if f is not None)]
     if format_name.lower() not in FORMATS and format_name.lower() not in (
             "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2"):
         raise UsageError(f"--format {format_name}: one of {', '.join(FORMATS)}")
@@ -69,19 +76,23 @@ def kv_command(
             raise UsageError(f"--out {out}: a .safetensors or .json file")
         if os.path.exists(out) and not force:
             raise UsageError(f"--out {out} exists: give --force to replace it")
-        if files and any(os.path.abspath(out) == os.path.abspath(f) for f in files):
+        if any(os.path.abspath(out) == os.path.abspath(f) for f in inputs):
             raise UsageError(f"--out {out} is an input")
-    if files:
+    if inputs:
         from ..tensors import load_inputs
 
-        streams = kv_streams(load_inputs(files), layout)
+        streams = kv_streams(load_inputs(files), layout) if files else {}
+        for kind, path in (("k", k_file), ("v", v_file)):
+            if path is not None:
+                streams = kv_streams(load_inputs([path]), layout, kind, streams)
+        streams = dict(sorted(streams.items()))
     else:
         if layout != "tokens,heads,dim":
             raise UsageError("--layout describes FILEs; the built-in example has none")
         streams = example_kv()
     result = analyse_kv(streams, spec, [g.strip() for g in granularity.split(",")],
                         [c.strip() for c in candidates.split(",")],
-                        inputs=tuple(files or ["<built-in example>"]))
+                        inputs=tuple(inputs or ["<built-in example>"]))
     if out is not None:
         write_scales(result, out)
         note(f"wrote {len(result.streams)} scales to {out} (vLLM's direction: "
