@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 # render.py imports this module for its RENDERERS: its names are looked up when drawn
 from . import render
@@ -78,7 +79,8 @@ def _calc_rows(result: CalcFormat, exact_text: str) -> list[tuple[str, ...]]:
 
 def _calc_table(result: CalcResult, columns: tuple[str, ...]) -> Table:
     """The steps of every format; with a "format" column each format's first row names it,
-    without one a row of its own does (narrow terminals)."""
+    without one a row of its own does; without a "note" column the note goes under the
+    step (narrow terminals)."""
     table = Table(title=f"{result.expression}  (every operation rounded once, "
                         f"{result.rounding})", title_justify="left", box=box.SIMPLE_HEAD,
                   caption=_calc_caption(result), caption_justify="left",
@@ -87,9 +89,11 @@ def _calc_table(result: CalcResult, columns: tuple[str, ...]) -> Table:
     headers = {"format": "format", "step": "step", "exact": "exact", "rounded": "rounded",
                "error": "error", "rel": "rel error", "note": "note"}
     for key in columns:
-        table.add_column(headers[key], justify="right" if key in ("exact", "rounded", "error",
-                                                                  "rel") else "left",
-                         overflow="fold" if key in ("step", "note") else "ellipsis")
+        number = key in ("exact", "rounded", "error", "rel")
+        # numbers and names whole; step and note wrap at spaces (a cut word shows an
+        # ellipsis, and Fit takes the next layout)
+        table.add_column(headers[key], justify="right" if number else "left",
+                         no_wrap=number or key == "format")
     index = {"step": 0, "exact": 1, "rounded": 2, "error": 3, "rel": 4, "note": 5}
     for r in result.results:
         rows = _calc_rows(r, result.exact_text)
@@ -98,6 +102,9 @@ def _calc_table(result: CalcResult, columns: tuple[str, ...]) -> Table:
         for i, row in enumerate(rows):
             cells = [(r.format if i == 0 else "") if key == "format" else row[index[key]]
                      for key in columns]
+            if "note" not in columns and row[5]:  # the note under the step, dimmed
+                at = columns.index("step")
+                cells[at] = Text.assemble(cells[at], "\n", (row[5], "dim"))
             table.add_row(*cells, end_section=i == len(rows) - 1)
     return table
 
@@ -114,6 +121,7 @@ def render_calc(result: CalcResult) -> render.Fit:
     narrow = _calc_table(result, ("format", "step", "exact", "rounded", "rel", "note"))
     return render.Fit(_calc_table(result, wide), narrow,
                       _calc_table(result, ("step", "exact", "rounded", "rel", "note")),
+                      _calc_table(result, ("step", "exact", "rounded", "rel")),
                       fallback=narrow)
 
 
