@@ -168,15 +168,17 @@ def round_trip(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec
     """vLLM's round trip: q = saturating cast(x / k_scale), x_hat = q * k_scale (float32);
     the dequantized values and how many clipped (those that would have rounded past the
     format's max: ``rounding.beyond_threshold``; 448.01 rounds to 448 and is not clipped)."""
-    scaled = (x / k_scale).astype(np.float32)
+    scaled = (x / k_scale).astype(np.float32, copy=False)
     clipped = int(np.count_nonzero(np.abs(scaled) >= beyond_threshold(spec)))
     q = round_to_format(scaled, spec, overflow="saturate")
-    return (q * k_scale).astype(np.float32), clipped
+    return (q * k_scale).astype(np.float32, copy=False), clipped
 
 
 def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    e = (x_hat.astype(np.float64) - x)
-    return np.square(e).sum(axis=axes, keepdims=True)
+    """Per group: the sum of squared errors (float32 differences, summed in float64: only
+    the MSE search's choice rests on it; the figures reported come from ``measure``)."""
+    e = np.subtract(x_hat, x)
+    return np.add.reduce(np.square(e, out=e), axis=axes, keepdims=True, dtype=np.float64)
 
 
 def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: FormatSpec
