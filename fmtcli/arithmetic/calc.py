@@ -369,7 +369,9 @@ def _error(value: float, exact: Number) -> tuple[float, float]:
     if math.isinf(value) or (isinstance(exact, float) and math.isinf(exact)):
         if isinstance(exact, float) and value == exact:
             return 0.0, 0.0
-        return (math.inf if value > _float(exact) else -math.inf), math.inf
+        if math.isinf(value):  # an overflow: inf - (any finite or opposite inf) = value
+            return value, math.inf
+        return -exact, math.inf  # a finite value of an infinite exact: x - inf = -inf
     difference = Fraction(value) - Fraction(exact)
     error = _float(difference)
     if difference == 0:
