@@ -241,6 +241,9 @@ def test_large_but_bounded_powers_overflow_without_hanging():
     assert time.perf_counter() - start < 5
     with pytest.raises(UsageError):
         parse_expression("7^100001")
+    overflow = json_of("calc", "-2^99999", "--format", "bf16")["results"][0]
+    assert overflow["value"] == overflow["error"] == "-inf"
+    assert overflow["steps"][0]["note"] == "overflow"
 
 
 def test_other_refusals():
