@@ -337,6 +337,9 @@ def match_sources(ref: list[TensorSource], test: list[TensorSource], keys: list[
     A side that is one array without a name (``.npy``) pairs with the other side's one
     tensor (after ``keys``).  Shapes must agree, and dtypes unless ``any_dtype``; a
     mismatch is a ``DataError`` naming the tensor."""
+    if keys and not any(s.key is not None for s in ref + test):
+        raise UsageError(f"key={shown(keys[0])}: REF and TEST are single arrays, with no "
+                         "tensor names to pick")
     ref = select_keys(ref, keys) if keys and any(s.key for s in ref) else ref
     test = select_keys(test, keys) if keys and any(s.key for s in test) else test
     if len(ref) == 1 and len(test) == 1 and (ref[0].key is None or test[0].key is None):

@@ -247,6 +247,8 @@ def test_usage_errors(tmp_path):
     assert_usage_error(invoke("compare", tmp_path / "a.npy", tmp_path / "a.npy", "--csv",
                               "--json"), "--csv and --json")
     assert_usage_error(invoke("compare", tmp_path / "a.npy"), "TEST")
+    assert_usage_error(invoke("compare", tmp_path / "a.npy", tmp_path / "a.npy", "--key", "w"),
+                       "--key", "single arrays")
     assert_data_error(invoke("compare", tmp_path / "a.npy", tmp_path / "missing.npy"),
                       "missing.npy")
     assert_data_error(invoke("compare", tmp_path / "ref.safetensors",
