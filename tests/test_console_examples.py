@@ -70,19 +70,27 @@ def model_files(directory: Path) -> None:
 
 
 def compare_files(directory: Path, tensors: dict) -> None:
-    """``fmt compare``'s examples (docs/compare.md): ``model-fp8.safetensors``, the model
-    after an E4M3 round trip with one amax scale per row, and the logits of a small LM head
+    """``fmt compare``'s examples (docs/compare.md): ``model-fp8.safetensors`` and
+    ``bert-fp8.safetensors``, the models after an E4M3 round trip with one amax scale per
+    row, and the logits of a small LM head
     (64 tokens, a vocabulary of 512) with its float32 and its round-tripped weights."""
     import ml_dtypes
-    from safetensors.numpy import save_file
+    from safetensors.numpy import load_file, save_file
 
     def fp8_rows(w: np.ndarray) -> np.ndarray:
-        w = w.astype(np.float32)
-        scale = np.float32(448) / np.abs(w).max(axis=-1, keepdims=True)
-        return (w * scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / scale
+        """w after E4M3 with one amax scale per row, in w's dtype (float32 for float64)."""
+        x = w.astype(np.float32)
+        amax = np.abs(x).max(axis=-1, keepdims=True)
+        scale = np.where(amax > 0, np.float32(448) / np.where(amax > 0, amax, 1), 1)
+        scale = scale.astype(np.float32)
+        x_q = (x * scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / scale
+        return x_q.astype(np.float32 if w.dtype == np.float64 else w.dtype)
 
     save_file({k: fp8_rows(v) if v.dtype.kind == "f" else v for k, v in tensors.items()},
               str(directory / "model-fp8.safetensors"))
+    bert = load_file(str(directory / "bert.safetensors"))
+    save_file({k: fp8_rows(v) if v.dtype.kind == "f" else v for k, v in bert.items()},
+              str(directory / "bert-fp8.safetensors"))
     rng = np.random.default_rng(16)
     hidden = rng.standard_normal((64, 64)).astype(np.float32)
     head = (rng.standard_normal((512, 64)) * 0.3).astype(np.float32)
