@@ -132,9 +132,13 @@ def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
             raise DataError(f"{shown(source.name)}: a second {stream.upper()} of layer {key[0]}")
         out[key] = _to_tokens_heads_dim(np.asarray(data), axes, source.name)
     if not out:
+        skipped = [f"{shown(s.name)}: {s.skipped}" for s in sources
+                   if s.skipped and stream_of(s, kind)]
+        if skipped:
+            raise DataError("no usable K or V tensor", "; ".join(skipped[:4]))
         names = ", ".join(shown(s.name) for s in sources[:4])
-        raise DataError(f"no K or V tensor in {names} (names ending in .k/.key/.k_cache or "
-                        ".v/.value/.v_cache)")
+        raise DataError(f"no K or V tensor in {names or 'the inputs'} (names ending in "
+                        ".k/.key/.k_cache or .v/.value/.v_cache)")
     return dict(sorted(out.items()))
 
 
@@ -177,8 +181,9 @@ def round_trip(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec
 def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """Per group: the sum of squared errors (float32 differences, summed in float64: only
     the MSE search's choice rests on it; the figures reported come from ``measure``)."""
-    e = np.subtract(x_hat, x)
-    return np.add.reduce(np.square(e, out=e), axis=axes, keepdims=True, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf error loses the search
+        e = np.subtract(x_hat, x)
+        return np.add.reduce(np.square(e, out=e), axis=axes, keepdims=True, dtype=np.float64)
 
 
 def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: FormatSpec

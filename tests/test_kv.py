@@ -146,15 +146,19 @@ def test_errors(tmp_path):
     np.save(tmp_path / "layers.0.k.npy", bad)
     assert_data_error(invoke("kv", tmp_path / "layers.0.k.npy"), "layers.0.k.npy'", "inf or NaN")
     np.save(tmp_path / "layers.0.v.npy", np.ones((0, 2, 8), np.float32))
-    assert_data_error(invoke("kv", tmp_path / "layers.0.v.npy"), "empty")
+    assert_data_error(invoke("kv", tmp_path / "layers.0.v.npy"), "no usable K or V", "empty")
+    np.save(tmp_path / "layers.1.v.npy", np.ones((4, 2, 8), np.int64))
+    assert_data_error(invoke("kv", tmp_path / "layers.1.v.npy"), "no usable K or V", "int64")
+    assert_usage_error(invoke("kv", "--out", tmp_path / "no" / "s.json"), "no such directory")
 
 
 def test_json_direction_and_unit_cost():
-    doc = json_of("kv", "--granularity", "tensor,head")
+    doc = json_of("kv", "--granularity", "tensor,head,tensor")  # the repeat counts once
     assert doc["direction"].startswith("vllm: x ~ q * k_scale")
     assert doc["format"] == "float8_e4m3fn" and doc["fp8_max"] == 448.0
     units = [c for s in doc["streams"] for c in s["candidates"] if c["candidate"] == "unit"]
     assert len(units) == len(doc["streams"])  # 1.0 is measured once per stream
+    assert len(doc["streams"][0]["candidates"]) == 1 + 4 * 2
     assert all(u["scale_min"] == u["scale_max"] == 1.0 for u in units)
     k_total = {(c["granularity"], c["candidate"]): c for c in doc["totals"]["k"]}
     assert doc["recommended_total"]["k"]["sqnr_db"] > k_total[("tensor", "unit")]["sqnr_db"]

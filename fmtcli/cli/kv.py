@@ -74,24 +74,28 @@ def kv_command(
     if out is not None:
         if not out.endswith((".safetensors", ".json")):
             raise UsageError(f"--out {out}: a .safetensors or .json file")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+            raise UsageError(f"--out {out}: no such directory")
         if os.path.exists(out) and not force:
             raise UsageError(f"--out {out} exists: give --force to replace it")
         if any(os.path.abspath(out) == os.path.abspath(f) for f in inputs):
             raise UsageError(f"--out {out} is an input")
     if inputs:
-        from ..tensors import load_inputs
+        from ..tensors import load_path
 
-        streams = kv_streams(load_inputs(files), layout) if files else {}
+        streams = kv_streams([s for f in files for s in load_path(f)], layout) if files \
+            else {}
         for kind, path in (("k", k_file), ("v", v_file)):
             if path is not None:
-                streams = kv_streams(load_inputs([path]), layout, kind, streams)
+                streams = kv_streams(load_path(path), layout, kind, streams)
         streams = dict(sorted(streams.items()))
     else:
         if layout != "tokens,heads,dim":
             raise UsageError("--layout describes FILEs; the built-in example has none")
         streams = example_kv()
-    result = analyse_kv(streams, spec, [g.strip() for g in granularity.split(",")],
-                        [c.strip() for c in candidates.split(",")],
+    result = analyse_kv(streams, spec, list(dict.fromkeys(g.strip() for g in
+                                                          granularity.split(","))),
+                        list(dict.fromkeys(c.strip() for c in candidates.split(","))),
                         inputs=tuple(inputs or ["<built-in example>"]))
     if out is not None:
         write_scales(result, out)
