@@ -346,9 +346,10 @@ def _better(a: KvStats, b: KvStats) -> bool:
 
 def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
                granularities=GRANULARITIES, candidates=CANDIDATES,
-               inputs: tuple[str, ...] = ()) -> KvResult:
+               inputs: tuple[str, ...] = (), progress=None) -> KvResult:
     """Every (granularity, candidate) on every stream; recommendations from the stored
-    granularities among those asked for."""
+    granularities among those asked for.  ``progress(done, total)``: bytes of float32 K and
+    V done, after each stream."""
     for g in granularities:
         if g not in GRANULARITIES:
             raise UsageError(f"granularity={shown(g)}: one of {', '.join(GRANULARITIES)}")
@@ -359,6 +360,7 @@ def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
         raise UsageError("granularity: give tensor or head too (token-head scales are "
                          "computed at run time and cannot be recommended for a checkpoint)")
     results, totals, rec_totals = [], {}, {}
+    total_bytes, done = sum(x.nbytes for x in streams.values()), 0
     for (layer, kind), x in streams.items():
         rows, best, best_scale = [], None, None
         for g in granularities:
@@ -384,6 +386,9 @@ def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
         rec[2].append(best_scale)
         results.append(StreamResult(layer, kind, tuple(x.shape), tuple(rows), best,
                                     tuple(float(s) for s in np.asarray(best_scale).ravel())))
+        done += x.nbytes
+        if progress is not None:
+            progress(done, total_bytes)
     total_stats = {}
     for (kind, g, c), (acc, max_rel, scales, _) in totals.items():
         flat = np.concatenate([np.asarray(s, np.float64).ravel() for s in scales])

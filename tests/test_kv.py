@@ -102,6 +102,14 @@ def test_scales_written_and_applied_as_vllm_does_give_the_figures_reported(tmp_p
     succeeds("kv", tmp_path / "kv.safetensors", "--out", out, "--force")
 
 
+def test_progress_counts_every_stream():
+    calls = []
+    streams = example_kv(layers=2, tokens=16)
+    analyse_kv(streams, E4M3, ["tensor"], ["amax"], progress=lambda d, t: calls.append((d, t)))
+    total = sum(x.nbytes for x in streams.values())
+    assert calls == [(total * i // 4, total) for i in range(1, 5)]
+
+
 def test_layout_with_a_layers_axis(tmp_path):
     k = RNG.standard_normal((3, 2, 16, 4, 8)).astype(np.float32)  # layers,batch,tokens,...
     v = RNG.standard_normal((3, 2, 16, 4, 8)).astype(np.float32)

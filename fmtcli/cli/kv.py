@@ -9,7 +9,7 @@ import typer
 from ..errors import UsageError
 from .app import UsageWithEllipsis, app
 from .options import JsonOption, check_not_empty
-from .output import emit, note
+from .output import StderrProgress, emit, note
 
 FORMATS = ("e4m3fn", "e4m3fnuz", "e5m2")
 
@@ -93,10 +93,14 @@ def kv_command(
         if layout != "tokens,heads,dim":
             raise UsageError("--layout describes FILEs; the built-in example has none")
         streams = example_kv()
-    result = analyse_kv(streams, spec, list(dict.fromkeys(g.strip() for g in
-                                                          granularity.split(","))),
-                        list(dict.fromkeys(c.strip() for c in candidates.split(","))),
-                        inputs=tuple(inputs or ["<built-in example>"]))
+    progress = StderrProgress("kv scales")
+    try:
+        result = analyse_kv(streams, spec,
+                            list(dict.fromkeys(g.strip() for g in granularity.split(","))),
+                            list(dict.fromkeys(c.strip() for c in candidates.split(","))),
+                            inputs=tuple(inputs or ["<built-in example>"]), progress=progress)
+    finally:
+        progress.close()
     if out is not None:
         write_scales(result, out)
         note(f"wrote {len(result.streams)} scales to {out} (vLLM's direction: "
