@@ -621,7 +621,9 @@ def large_errors() -> np.ndarray:
     edges = (np.arange(0x3E80, 0x4080, dtype=np.uint32) << 16).view(np.float32)
     grid = np.float32([0.5, 1, 1.5, 2, 3, 4, 6]) / LARGE_SCALE
     ulps = np.arange(-3, 4, dtype=np.int32)
-    wanted = [grid[:, None] / (1 + sign * edges[None, :].astype(np.float64)) for sign in (1, -1)]
+    with np.errstate(divide="ignore"):  # 1 - 1: an edge of 1, dropped below as inf
+        wanted = [grid[:, None] / (1 + sign * edges[None, :].astype(np.float64))
+                  for sign in (1, -1)]
     top = edges[(edges >= 0.5) & (edges < 1)].astype(np.float64)
     wanted.append(np.float64(6 / LARGE_SCALE) / (1 - top))
     parts = []
