@@ -7,7 +7,7 @@ start-up -- costs nothing until a number is needed.
 
 from __future__ import annotations
 
-import importlib
+from .lazy import lazy_exports
 
 _EXPORTS = {
     "BadValueError": "errors", "DataError": "errors", "FmtError": "errors",
@@ -32,15 +32,5 @@ def package_version() -> str:
         return "unknown"
 
 
-def __getattr__(name: str):
-    if name == "__version__":
-        return package_version()
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fmtcli' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(),
+                                   {"__version__": package_version})

@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "fmtcli"
 
 LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md lists them
-    **dict.fromkeys(["choices", "errors", "dtypes"], 0),
+    **dict.fromkeys(["choices", "errors", "dtypes", "lazy"], 0),
     **dict.fromkeys(["formats", "rounding", "literals", "fates", "scaling", "schemes",
                      "backends"], 1),
     **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),

@@ -20,7 +20,7 @@ not import the others.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "Arithmetic": "ops", "round_rational": "ops", "round_float": "ops",
@@ -34,13 +34,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fmtcli.arithmetic' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

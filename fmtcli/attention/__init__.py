@@ -17,7 +17,7 @@ this package does not import the others.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_exports
 
 # io_model is also a module's name: importing the module (as fmt attention does) sets the
 # package's attribute io_model to the module, and the lazy lookup below is never asked.
@@ -40,13 +40,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fmtcli.attention' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
