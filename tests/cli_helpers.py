@@ -8,6 +8,8 @@
   literals fail the test);
 - ``assert_usage_error``/``assert_data_error``/``assert_error``: the shape of every refusal
   (exit 2 or 1, nothing on stdout, exactly one ``Error: ...`` line on stderr, no traceback);
+- ``assert_fits``: a table at a terminal width: nothing cut with "…", no line wider;
+  ``cuda_available``: whether torch sees a CUDA GPU (tests that need one skip without);
 - the engine's parallelism option under either of its names.
 
 The independent reference the figures are checked against is tests/oracle.py.
@@ -86,6 +88,27 @@ def only_scheme(doc: dict, tensor: int = 0) -> dict:
     schemes = doc["tensors"][tensor]["schemes"]
     assert len(schemes) == 1, [s["label"] for s in schemes]
     return schemes[0]
+
+
+# -- tables --------------------------------------------------------------------------------
+
+ELLIPSIS = "\u2026"
+
+
+def assert_fits(out: str, width: int) -> None:
+    """A table printed at ``width`` columns: nothing cut with "…", no line wider."""
+    assert ELLIPSIS not in out, out
+    too_wide = [line for line in out.splitlines() if len(line) > width]
+    assert not too_wide, too_wide
+
+
+def cuda_available() -> bool:
+    """Whether torch is installed and sees a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 # -- refusals ------------------------------------------------------------------------------

@@ -12,7 +12,15 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import (
+    assert_data_error,
+    assert_fits,
+    assert_usage_error,
+    cuda_available,
+    invoke,
+    json_of,
+    succeeds,
+)
 
 from fmtcli.attention import accuracy as A
 from fmtcli.attention.io_model import io_model
@@ -21,7 +29,6 @@ from fmtcli.formats import get_format
 
 E4M3 = get_format("float8_e4m3fn")
 F32 = get_format("float32")
-ELLIPSIS = "\u2026"
 
 
 def naive_attention(q, k, v, causal=False):
@@ -283,8 +290,7 @@ def test_time_without_cuda_is_one_line():
 ], ids=["fp8", "io-gpt2", "causal"])
 def test_tables_fit(width, args):
     out = succeeds("attention", *args, env={"COLUMNS": str(width)}).stdout
-    assert ELLIPSIS not in out, out
-    assert not [line for line in out.splitlines() if len(line) > width], out
+    assert_fits(out, width)
     assert "IO model" in out
     if "--io" not in args:
         doc = json_of("attention", *args)
@@ -293,13 +299,6 @@ def test_tables_fit(width, args):
 
 
 # -- CUDA ----------------------------------------------------------------------------------
-
-def cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 @pytest.mark.skipif(not cuda_available(), reason="needs torch with a CUDA GPU")
@@ -341,5 +340,5 @@ def test_timing_table_fits_without_a_gpu(width):
     out = text_io.StringIO()
     Console(file=out, width=width).print(render(result))
     text = out.getvalue()
-    assert ELLIPSIS not in text and "19.978" in text and "not available" in text
-    assert not [line for line in text.splitlines() if len(line) > width], text
+    assert_fits(text, width)
+    assert "19.978" in text and "not available" in text

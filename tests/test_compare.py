@@ -12,7 +12,14 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import (
+    assert_data_error,
+    assert_fits,
+    assert_usage_error,
+    invoke,
+    json_of,
+    succeeds,
+)
 from safetensors.numpy import save_file
 
 from fmtcli.compare import compare_sources
@@ -287,8 +294,7 @@ def test_tables_fit(tmp_path, width, many):
     for extra in ([], ["--logits"]):
         out = succeeds("compare", tmp_path / "r.safetensors", tmp_path / "t.safetensors",
                        *extra, env={"COLUMNS": str(width)}).stdout
-        assert "…" not in out
-        assert not [line for line in out.splitlines() if len(line) > width], out
+        assert_fits(out, width)
         assert ("By role, worst first" in out) == (many > 8)
         assert ("KL mean" in out) == bool(extra)
 

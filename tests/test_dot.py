@@ -14,7 +14,15 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import (
+    assert_data_error,
+    assert_fits,
+    assert_usage_error,
+    cuda_available,
+    invoke,
+    json_of,
+    succeeds,
+)
 
 from fmtcli.arithmetic import dot as D
 from fmtcli.choices import AccumulationRounding
@@ -23,7 +31,6 @@ from fmtcli.formats import get_format
 
 E4M3 = get_format("float8_e4m3fn")
 TZ, RNE = AccumulationRounding.TOWARD_ZERO, AccumulationRounding.NEAREST_EVEN
-ELLIPSIS = "\u2026"
 
 
 # -- the independent reference -------------------------------------------------------------
@@ -321,20 +328,12 @@ def test_device_cuda_without_cuda_is_one_line():
 def test_tables_fit(width, args):
     args = ["dot", "--m", "32", "--n", "32", "--k", "512", *args]
     out = succeeds(*args, env={"COLUMNS": str(width)}).stdout
-    assert ELLIPSIS not in out, out
-    assert not [line for line in out.splitlines() if len(line) > width], out
+    assert_fits(out, width)
     doc = json_of(*args)
     assert f"{doc['emulated']['vs_quantized']['calc_diff']:.3g}" in out
 
 
 # -- CUDA ----------------------------------------------------------------------------------
-
-def cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 @pytest.mark.skipif(not cuda_available(), reason="needs torch with a CUDA GPU")

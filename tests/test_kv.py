@@ -10,7 +10,14 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import (
+    assert_data_error,
+    assert_fits,
+    assert_usage_error,
+    invoke,
+    json_of,
+    succeeds,
+)
 from safetensors.numpy import load_file, save_file
 
 from fmtcli.formats import get_format
@@ -175,5 +182,5 @@ def test_json_direction_and_unit_cost():
 @pytest.mark.parametrize("width", [80, 120])
 def test_tables_fit(width):
     out = succeeds("kv", env={"COLUMNS": str(width)}).stdout
-    assert "…" not in out and "What unit scales cost" in out
-    assert not [line for line in out.splitlines() if len(line) > width], out
+    assert_fits(out, width)
+    assert "What unit scales cost" in out

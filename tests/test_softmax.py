@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from cli_helpers import (
     assert_data_error,
+    assert_fits,
     assert_usage_error,
     invoke,
     json_of,
@@ -33,7 +34,6 @@ from fmtcli.attention import online_softmax, random_inputs, read_numbers, softma
 from fmtcli.errors import DataError, UsageError
 
 ARTICLE = (["--scores", "1,3,2,0", "--values", "10,20,30,40", "--block", "2"])
-ELLIPSIS = "\u2026"
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
@@ -339,8 +339,7 @@ def test_library_refusals():
 
 def table(width: int, *args) -> str:
     out = succeeds("softmax", *args, env={"COLUMNS": str(width)}).stdout
-    assert ELLIPSIS not in out, out
-    assert not [line for line in out.splitlines() if len(line) > width], out
+    assert_fits(out, width)
     return out
 
 

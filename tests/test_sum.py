@@ -18,11 +18,17 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from arith_oracle import FLOAT32, OVERFLOW, round_binary, round_listed
-from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import (
+    assert_data_error,
+    assert_fits,
+    assert_usage_error,
+    invoke,
+    json_of,
+    succeeds,
+)
 
 from fmtcli.arithmetic.summation import sum_values, weight_update
 
-ELLIPSIS = "\u2026"
 LISTED = {"bfloat16": "bfloat16", "float16": "float16", "e4m3fn": "float8_e4m3fn",
           "e5m2": "float8_e5m2"}
 
@@ -246,8 +252,7 @@ def test_data_errors(tmp_path):
                                   ["--constant", "-1e-30", "--count", "5", "-a", "e2m1,fp64"]])
 def test_the_table_fits_uncut(width, args):
     out = succeeds("sum", *args, env={"COLUMNS": str(width)}).stdout
-    assert ELLIPSIS not in out, out
-    assert not [line for line in out.splitlines() if len(line) > width], out
+    assert_fits(out, width)
 
 
 def test_the_table_says_where_and_at_what_value_bf16_stalled():

@@ -5,13 +5,12 @@ rich cropped silently, "6" for 6.757e-05, would miss its figure)."""
 from __future__ import annotations
 
 import pytest
-from cli_helpers import json_of, succeeds
+from cli_helpers import assert_fits, json_of, succeeds
 from report_files import bert_like
 
 from fmtcli.render import input_text, value_text
 
 WIDTHS = [80, 120]
-ELLIPSIS = "\u2026"
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +35,7 @@ def files(tmp_path_factory):
 def table(width: int, *args) -> str:
     """``fmt ARGS`` at ``width`` columns: it must succeed and fit the width uncut."""
     out = succeeds(*args, env={"COLUMNS": str(width)}).stdout
-    assert ELLIPSIS not in out, out
-    too_wide = [line for line in out.splitlines() if len(line) > width]
-    assert not too_wide, too_wide
+    assert_fits(out, width)
     return out
 
 
