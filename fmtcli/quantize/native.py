@@ -27,7 +27,7 @@ ENV = "FMTCLI_KERNEL"
 #: what a chunk buffer may hold, by dtype name: the ``kind`` codes of ``_native.c``
 #: (bfloat16 and float16 are read as stored and widened inside the kernel's passes)
 KINDS = {"float32": 0, "bfloat16": 1, "float16": 2}
-_KIND_OF = {np.dtype(name): kind for name, kind in (("float32", 0), ("float16", 2))}
+_KIND_OF: dict[np.dtype, int | None] = {}  # by dtype: a dtype's name costs ~5 us a lookup
 
 
 def module() -> ModuleType | None:
@@ -45,16 +45,15 @@ def built() -> bool:
 def kind_of(dtype) -> int | None:
     """The kernel's ``kind`` code of a chunk dtype, or None where it does not read it."""
     dtype = np.dtype(dtype)
-    kind = _KIND_OF.get(dtype)
-    if kind is None and dtype.name == "bfloat16":  # ml_dtypes' (imported by the loaders)
-        _KIND_OF[dtype] = kind = KINDS["bfloat16"]
-    return kind
+    if dtype not in _KIND_OF:  # (bfloat16 is ml_dtypes': no dtype object until it loads)
+        _KIND_OF[dtype] = KINDS.get(dtype.name)
+    return _KIND_OF[dtype]
 
 
 def reads_as_stored(dtype) -> bool:
     """Whether the kernel is on and reads chunks of ``dtype`` (bfloat16, float16) without a
     widened float32 copy."""
-    return module() is not None and kind_of(dtype) in (1, 2)
+    return module() is not None and kind_of(dtype) in (KINDS["bfloat16"], KINDS["float16"])
 
 
 def values(x: np.ndarray) -> tuple[np.ndarray, int]:
