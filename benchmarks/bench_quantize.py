@@ -20,9 +20,11 @@ time of the same command on a 128-element file (the same imports and set-up, no 
 fmtcli runs twice: with its compiled chunk kernel (``fmtcli/quantize/_native.c``, where it
 is built) and with ``FMTCLI_KERNEL=numpy`` (the numpy formulation alone: the engine before
 the kernel), so the kernel's gain is measured in the same run.  Then the same values stored
-as bfloat16 and float16 (``--no-dtypes`` to skip): elements per second of work against
-float32's.  Children run with Python's bytecode cache on (``PYTHONDONTWRITEBYTECODE``
-removed from their environment, one warm-up run first), as an installed package runs.
+as float32, bfloat16 and float16, runs alternating (``--no-dtypes`` to skip): elements per
+second of work against float32's, as whole processes minus each type's own start-up and as
+timed inside a fresh process (``compare_dtypes``).  Children run with Python's bytecode
+cache on (``PYTHONDONTWRITEBYTECODE`` removed from their environment, one warm-up run
+first), as an installed package runs.
 """
 
 from __future__ import annotations
