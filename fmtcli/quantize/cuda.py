@@ -89,7 +89,11 @@ def quantize_on_gpu(source: TensorSource, schemes: list[Scheme], progress):
     from .cuda_kernel import quantize_blocks_cuda
 
     data = np.ascontiguousarray(source.array())  # a memory map of .npy/.safetensors data
-    bfloat16 = data.dtype == np.dtype("bfloat16") or source.dtype == "bfloat16"
+    if not data.dtype.isnative:  # a big-endian file: torch takes only native byte order
+        data = data.astype(data.dtype.newbyteorder("="))
+    # by name: np.dtype("bfloat16") exists only once ml_dtypes is imported, which a float32
+    # run never needs (start-up imports it lazily)
+    bfloat16 = data.dtype.name == "bfloat16" or source.dtype == "bfloat16"
     with warnings.catch_warnings():  # a read-only map: torch warns, but only reads it here
         warnings.simplefilter("ignore", UserWarning)
         try:  # one host-to-device copy of the stored bits, no float64 detour

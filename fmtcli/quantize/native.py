@@ -46,7 +46,9 @@ def kind_of(dtype) -> int | None:
     """The kernel's ``kind`` code of a chunk dtype, or None where it does not read it."""
     dtype = np.dtype(dtype)
     if dtype not in _KIND_OF:  # (bfloat16 is ml_dtypes': no dtype object until it loads)
-        _KIND_OF[dtype] = KINDS.get(dtype.name)
+        # the kernel reads the machine's byte order only: a big-endian float16 chunk ('>f2',
+        # named float16 too) is widened by numpy, which honours its byte order
+        _KIND_OF[dtype] = KINDS.get(dtype.name) if dtype.isnative else None
     return _KIND_OF[dtype]
 
 
