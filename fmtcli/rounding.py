@@ -255,7 +255,9 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
 
     ``x`` is the input, ``r`` its unbounded rounding (modified in place and returned).  When
     ``counts`` is a dict, ``counts["beyond"]`` receives how many values rounded past max and
-    ``counts["overflowed"]`` how many of those became inf or NaN (the rest saturated); with
+    ``counts["overflowed"]`` how many of those became inf or NaN (the rest saturated),
+    ``counts["above"]`` how many inputs lie beyond max at all (|x| > max, inf included: what a
+    clip to +-max touches, including those that round to max anyway); with
     ``counts["where"]`` set true, ``counts["saturated_at"]`` receives the flat indices of the
     saturated ones (for per-block counts).
     """
@@ -288,6 +290,7 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
         # beyond max: values that rounded past max (not negatives of an unsigned format,
         # not infinities that stay infinite); overflowed: those of them now inf or NaN
         counts["beyond"] = counts["overflowed"] = 0
+        counts["above"] = count_above_max(x, spec)
         where = counts.get("where")
         if where:
             counts["saturated_at"] = np.zeros(0, np.intp)
@@ -300,6 +303,17 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
             if where:
                 counts["saturated_at"] = np.flatnonzero(counted & np.isfinite(r))
     return r
+
+
+def count_above_max(x: np.ndarray, spec: FormatSpec) -> int:
+    """How many of ``x`` (values about to be rounded: ``x * scale``) lie beyond the format's
+    max, |x| > max (inf included, NaN not; in an unsigned format only x > max): the values
+    that a clip to +-max before the cast changes, whether or not their rounding would pass
+    max (in E4M3, 448 < |x| < 464 rounds to 448 as it stands)."""
+    fmax = spec.max
+    if not spec.signed:
+        return int(np.count_nonzero(x > fmax))
+    return int(np.count_nonzero(np.abs(x) > fmax))
 
 
 def fits_float32(spec: FormatSpec) -> bool:

@@ -21,8 +21,8 @@ from fmtcli.tensors import TensorSource
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-EXACT = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated", "overflowed",
-         "nan_produced", "median_rel_error", "p99_rel_error", "max_abs_error")
+EXACT = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated", "above_max",
+         "overflowed", "nan_produced", "median_rel_error", "p99_rel_error", "max_abs_error")
 
 
 def cases():

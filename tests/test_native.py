@@ -679,7 +679,9 @@ def test_quantize_chunk_element_for_element(case):
     assert np.array_equal(flushed, want_flushed)
     assert np.array_equal(saturated, past)
     assert np.array_equal(max_rel.view(np.uint32), want_rel.view(np.uint32))
-    sum_err, max_err, sum_err2, zero_results, nan_keys, n_saturated = got
+    sum_err, max_err, sum_err2, zero_results, nan_keys, n_saturated, n_above = got
+    wide = np.repeat(np.repeat(scales, tr, axis=0), tc, axis=1)
+    assert n_above == int(np.count_nonzero(np.abs(x * wide) > fmax))  # |x * s| > max
     flat = want_err.reshape(-1)
     assert bits64(sum_err) == bits64(float(np.add.reduce(flat)))
     assert max_err == float(np.abs(flat).max())

@@ -480,13 +480,15 @@ static PyObject *widen_f16(PyObject *self, PyObject *args)
 
 typedef struct {
     uint32_t low, high, shift;  /* magic-number clamp (bit patterns) and (23 - m) << 23 */
-    float fmax;                 /* saturate to it (inf: nothing can round past max) */
+    float fmax;                 /* clip to it and count values above it (inf: no value of
+                                 * the chunk lies above max) */
 } Rounding;
 
 /* What stage one found in a stretch of one tile row. */
 typedef struct {
     uint32_t maxbits;   /* max |err| as a bit pattern (finite errors order as their bits) */
     uint32_t past;      /* values whose rounding lay past fmax (saturated to it) */
+    uint32_t above;     /* values whose |v * s| lies above fmax (past ones included) */
     uint32_t zeros;     /* zero results */
     uint32_t flushed;   /* zero results of nonzero inputs */
     uint32_t edges;     /* relative errors within EDGE_ULPS of a bin edge (to redo) */
@@ -499,8 +501,10 @@ static uint32_t exact_key(float q, float v);
 
 /* One value's x_q = round(v * s) / s, nearest-even by the magic number (rounding.
  * round_float32_nearest_even), saturated at fmax; adds 1 to *past for a value whose
- * rounding lay past fmax.  Inlined into the vectorised loops. */
-static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past)
+ * rounding lay past fmax and 1 to *above for one whose |v * s| lies above fmax
+ * (rounding.count_above_max).  Inlined into the vectorised loops. */
+static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past,
+                                   uint32_t *above)
 {
     uint32_t b = bits_of(v * s);
     uint32_t mag = b & 0x7FFFFFFFu;
@@ -509,6 +513,7 @@ static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past
     e = e > rd.high ? rd.high : e;
     float m = float_of(e + rd.shift);
     float r = (float_of(mag) + m) - m;
+    *above += (uint32_t)(float_of(mag) > rd.fmax);
     *past += (uint32_t)(r > rd.fmax);
     r = r > rd.fmax ? rd.fmax : r;
     return float_of(bits_of(r) | (b & 0x80000000u)) / s;
@@ -527,10 +532,10 @@ static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past
                      float *restrict err, uint32_t *restrict rel, Found *restrict f) \
     {                                                                               \
         uint32_t past = 0, maxbits = f->maxbits, zeros = 0, flushed = 0;            \
-        uint32_t relmax = f->relmax, seen = 0;                                      \
+        uint32_t relmax = f->relmax, seen = 0, above = 0;                           \
         for (Py_ssize_t k = 0; k < n; k++) {                                        \
             float v = x[k];                                                         \
-            float q = quantize_value(v, s, rd, &past);                              \
+            float q = quantize_value(v, s, rd, &past, &above);                      \
             float d = q - v;                                                        \
             float ad = fabsf(d);                                                    \
             err[k] = d;                                                             \
@@ -550,6 +555,7 @@ static inline float quantize_value(float v, float s, Rounding rd, uint32_t *past
         }                                                                           \
         f->maxbits = maxbits;                                                       \
         f->past += past;                                                            \
+        f->above += above;                                                          \
         f->zeros += zeros;                                                          \
         f->flushed += flushed;                                                      \
         f->relmax = relmax;                                                         \
@@ -617,8 +623,8 @@ static void redo_edges(const float *x, float s, Py_ssize_t n, Rounding rd, const
                 double edge = (double)float_of(key << HIST_SHIFT);
                 if ((double)fabsf(err[k]) < edge * (double)fabsf(x[k])) key -= 1;
             } else {
-                uint32_t ignored = 0;
-                key = exact_key(quantize_value(x[k], s, rd, &ignored), x[k]);
+                uint32_t ignored = 0, also_ignored = 0;
+                key = exact_key(quantize_value(x[k], s, rd, &ignored, &also_ignored), x[k]);
             }
             keys[k] = key;
             f->kmin = key < f->kmin ? key : f->kmin;
@@ -633,10 +639,10 @@ VECTOR_CLONES
 static uint32_t stage_one_mse(const float *x, float s, Py_ssize_t n, Rounding rd, float *err,
                               uint32_t maxbits, uint32_t *saturated)
 {
-    uint32_t past = 0;
+    uint32_t past = 0, above = 0; /* (above: not reported by this path) */
     for (Py_ssize_t k = 0; k < n; k++) {
         float v = x[k];
-        float q = quantize_value(v, s, rd, &past);
+        float q = quantize_value(v, s, rd, &past, &above);
         float d = q - v;
         err[k] = d;
         uint32_t ab = bits_of(d) & 0x7FFFFFFFu;
@@ -718,7 +724,7 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
         float *max_rel = have_m ? (float *)mb.buf : NULL;
         int64_t *block_saturated = have_t ? (int64_t *)tb.buf : NULL;
         Rounding rd = {low, high, shift, fmax};
-        Found f = {0, 0, 0, 0, 0, HIST_BINS, 0, 0, 0};
+        Found f = {0, 0, 0, 0, 0, 0, HIST_BINS, 0, 0, 0};
         uint32_t keys[BLOCK_MAX];
         uint8_t near[BLOCK_MAX];
         float wide[BLOCK_MAX]; /* a stretch of 16-bit values, widened */
@@ -769,7 +775,7 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
             }
         }
         float maxerr = float_of(f.maxbits);
-        int64_t saturated = f.past, zero_results = f.zeros;
+        int64_t saturated = f.past, above = f.above, zero_results = f.zeros;
         uint32_t kmin = f.kmin, kmax = f.kmax;
         double total_err = reduce_f32(err, n);
         int ok = isfinite(total_err) && isfinite(maxerr);
@@ -793,9 +799,9 @@ static PyObject *quantize_chunk(PyObject *self, PyObject *args)
             Py_INCREF(result);
         } else {
             double err2 = sum_of_squares(err, n, (double)maxerr, KIND_FLOAT32);
-            result = Py_BuildValue("dddLLL", total_err, (double)maxerr, err2,
+            result = Py_BuildValue("dddLLLL", total_err, (double)maxerr, err2,
                                    (long long)zero_results, (long long)nan_keys,
-                                   (long long)saturated);
+                                   (long long)saturated, (long long)above);
         }
     }
 fail:
@@ -930,7 +936,7 @@ static PyMethodDef methods[] = {
     {"quantize_chunk", quantize_chunk, METH_VARARGS,
      "quantize_chunk(x, scales, rows, cols, tr, tc, low, high, shift, fmax, scratch, hist, "
      "flushed, saturated, max_rel, kind=0) -> (sum_err, max_err, sum_err2, zero_results, "
-     "nan_keys, saturated) or None"},
+     "nan_keys, saturated, above_max) or None"},
     {"amax_scales", amax_scales, METH_VARARGS,
      "amax_scales(amax, out, n, fmax, factor): scaling.amax_to_scale's amax rule (float32)"},
     {"distinct_bits", distinct_bits, METH_VARARGS,

@@ -27,6 +27,7 @@ from ..rounding import (
     RoundingMode,
     apply_range,
     beyond_threshold,
+    count_above_max,
     fits_float32,
     magic_rounding_applies,
     round_float32_nearest_even,
@@ -361,6 +362,7 @@ class ChunkKernel:
                 if not spec.signed:
                     counted &= flat[past] >= 0
                 counts = {"beyond": int(np.count_nonzero(counted)),
+                          "above": count_above_max(flat[past], spec),
                           "overflowed": int(np.count_nonzero(counted & ~np.isfinite(r[past]))),
                           "saturated_at": past[counted & np.isfinite(r[past])]}
             elif self.fast and flat.dtype == np.float32:
@@ -376,6 +378,11 @@ class ChunkKernel:
                     r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
         overflowed = counts["overflowed"]
         saturated = counts["beyond"] - overflowed
+        # |x * scale| > max; where the range step was skipped nothing rounded past max, but
+        # values between max and the rounding threshold may lie above it
+        above = counts.get("above")
+        if above is None:
+            above = count_above_max(flat, spec) if peak is None or peak > spec.max else 0
         with np.errstate(invalid="ignore", divide="ignore"):
             if r.dtype == xs.dtype:
                 x_q = np.divide(r.reshape(shape4), s4, out=xs)
@@ -393,7 +400,7 @@ class ChunkKernel:
             kept = r.reshape(xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
         acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared,
-                      mse_only=self.mse_only, raw=x)
+                      mse_only=self.mse_only, raw=x, above_max=above)
         facts = None
         if not plan.is_global and not self.mse_only:
             facts = self._facts(xp.reshape(shape4), x_q4, (rows, cols), shape4, acc.flushed,
@@ -431,7 +438,9 @@ class ChunkKernel:
         saturating = np.empty(scale.shape, np.int64) if facts and not in_range else None
         max_rel = np.empty(scale.shape, np.float32) if facts and self.worst else None
         low, high, shift = self.magic
-        fmax = np.inf if in_range else self.spec.max
+        # max where a value may lie above it (clipped where its rounding passes max,
+        # counted in any case), else inf: nothing to clip or count
+        fmax = np.inf if peak <= self.spec.max else self.spec.max
         values, kind = native.values(xp)
         got = self.native.quantize_chunk(values, scale, rows, cols, tr, tc, low, high, shift,
                                          fmax, scratch(xp.size),
@@ -439,7 +448,7 @@ class ChunkKernel:
                                          saturating, max_rel, kind)
         if got is None:
             return None
-        sum_err, max_err, sum_err2, zero_results, nan_keys, saturated = got
+        sum_err, max_err, sum_err2, zero_results, nan_keys, saturated, above = got
         acc = ErrorAccumulator(hist=hist)
         size = xp.size - padding
         acc.count = acc.finite_pairs = size
@@ -447,6 +456,7 @@ class ChunkKernel:
         acc.sum_err2 = sum_err2
         if not self.mse_only:  # (mse_only: the squared errors alone, as the numpy path)
             acc.saturated = saturated
+            acc.above_max = above
             acc.sum_err = sum_err
             if "sum_x2" not in shared:  # as ErrorAccumulator._add takes it, over the raw chunk
                 raw, kind = native.values(np.ascontiguousarray(x))

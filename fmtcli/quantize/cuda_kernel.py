@@ -83,10 +83,10 @@ HARDWARE_CASTS = {"float8_e4m3fn": 1, "float8_e5m2": 2}
 # leaves in host memory, int64: HEAD slots (COUNTERS, then DONE, the count of finished
 # blocks), the window's bins, then the whole histogram (only for relative errors outside
 # the window, which float32 data cannot produce: kept as a guard)
-HEAD = 16
+HEAD = 17
 COUNTERS = ("zeros", "flushed_or_zero", "exact_or_zero", "nonfinite", "nan", "beyond", "pairs",
             "nan_scales", "max_err_bits", "scale_max_bits", "scale_min_inverted_bits",
-            "sum_err", "sum_err2", "sum_x2", "outside")
+            "sum_err", "sum_err2", "sum_x2", "outside", "above")  # above: |x * scale| > max
 
 
 
@@ -288,7 +288,7 @@ def _unpack(head: np.ndarray, hist: np.ndarray, count: int, block: int
     and becomes the accumulator's histogram.  (Plain Python on one list: this runs after
     the wait, on every call.)"""
     (zeros, flushed_or_zero, exact_or_zero, nonfinite, nan, beyond, pairs, nan_scales,  # COUNTERS
-     max_err, high, inverted_low, _, _, _, outside) = head[:len(COUNTERS)].tolist()
+     max_err, high, inverted_low, _, _, _, outside, above) = head[:len(COUNTERS)].tolist()
     sum_err, sum_err2, sum_x2 = struct.unpack("<3d", head[_SUMS].tobytes())
     window = head[HEAD:HEAD + WINDOW]
     binned = int(hist[:FINITE_BINS].sum()) if outside else 0
@@ -305,6 +305,7 @@ def _unpack(head: np.ndarray, hist: np.ndarray, count: int, block: int
     # unbounded error, as metrics counts it
     acc = ErrorAccumulator(count=count, nonzero=nonzero, zeros=zeros,
                            nonfinite_inputs=nonfinite, flushed=flushed, saturated=beyond,
+                           above_max=above,
                            nan_produced=nan, unbounded=count - nonfinite - pairs,
                            finite_pairs=pairs, sum_err=sum_err,
                            sum_err2=sum_err2, sum_x2=sum_x2, max_abs_err=_float(max_err),

@@ -12,7 +12,12 @@ add up exactly: quantiles do not depend on the chunk size at all.
 
 Populations:
 - ``count`` every element; ``nonzero`` the finite nonzero inputs, over which relative errors,
-  ``flushed`` and the quantiles are taken.  A result that is inf or NaN for such an input
+  ``flushed`` and the quantiles are taken.
+- ``saturated``: values whose rounding lay past max and that came out as +-max (clipped: in
+  E4M3 under nearest-even, |x * scale| >= 464, max plus half its ulp); ``above_max``: values
+  whose scaled magnitude |x * scale| exceeds max at all (> 448 in E4M3; inf inputs
+  included), what a clip-then-cast recipe clamps (torchao), the saturated and overflowed
+  ones among them; those between max and the rounding threshold round to max anyway.  A result that is inf or NaN for such an input
   counts as an infinite relative error (it ranks last).
 - ``rmse``/``mse``, ``bias`` (mean signed error x_q - x), ``max_abs_error`` and ``sqnr_db``
   cover the elements whose input is finite.  A result that is inf or NaN for a finite input
@@ -144,6 +149,7 @@ class ErrorAccumulator:
     nonfinite_inputs: int = 0
     flushed: int = 0
     saturated: int = 0
+    above_max: int = 0  # |x * scale| > max (the saturated and overflowed ones among them)
     overflowed: int = 0
     nan_produced: int = 0
     unbounded: int = 0  # finite inputs whose result is inf or NaN
@@ -161,8 +167,10 @@ class ErrorAccumulator:
     def add_chunk(self, x: np.ndarray, x_q: np.ndarray, saturated: int = 0,
                   overflowed: int = 0, padding: int = 0, work: np.ndarray | None = None,
                   x_max: float | None = None, shared: dict | None = None,
-                  mse_only: bool = False, raw: np.ndarray | None = None) -> None:
-        """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result.
+                  mse_only: bool = False, raw: np.ndarray | None = None,
+                  above_max: int = 0) -> None:
+        """Add one chunk: float32 arrays of equal shape, ``x`` the input, ``x_q`` the result;
+        ``saturated``, ``overflowed``, ``above_max``: the chunk's counts (module docstring).
 
         ``padding`` trailing zeros were added to the chunk to fill whole blocks: they are
         not counted.  ``work`` is an optional float32 scratch array of the same size;
@@ -180,6 +188,7 @@ class ErrorAccumulator:
             self._add(x.reshape(-1), x_q.reshape(-1), saturated, overflowed, padding, work,
                       x_max, {} if shared is None else shared,
                       x.reshape(-1) if raw is None else raw.reshape(-1))
+            self.above_max += above_max
 
     def _add_squared_errors(self, x, x_q, padding) -> bool:
         """The ``mse_only`` part of ``_add`` for a chunk whose errors are all finite (False
@@ -286,7 +295,7 @@ class ErrorAccumulator:
             self.nonzero += x.size - padding - zeros
 
     COUNTS = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "saturated",
-              "overflowed", "nan_produced", "unbounded", "finite_pairs")
+              "above_max", "overflowed", "nan_produced", "unbounded", "finite_pairs")
     SUMMED = COUNTS + ("sum_err", "sum_err2", "sum_x2", "sum_err2_big", "sum_x2_big",
                        "sum_err2_tiny", "sum_x2_tiny")
     PACKED = SUMMED + ("max_abs_err",)

@@ -99,6 +99,7 @@ struct Totals {
     float max_err;
     u32 zero, flushed_or_zero, err0_or_zero, nonfinite, nan, beyond, pairs, nan_scale;
     u32 scale_max, scale_min_inv;
+    u32 above;  // |x * scale| > max (beyond: its rounding lies past max, saturated)
 };
 
 // One nonzero, finite, not flushed relative error |xq - x| / |x| into the histogram, its
@@ -150,6 +151,7 @@ __device__ __forceinline__ void chunk_clean(const float* x, const float* scale,
     bool redo = false;
 #pragma unroll
     for (int i = 0; i < V; ++i) {
+        t.above += fabsf(xs[i]) > p.fmax;  // below the threshold, yet above max
         const float xq = divide_clean(r[i], scale[i / (V / G)], recip[i / (V / G)]);
         const float err = __fsub_rn(xq, x[i]);
         p_err = __fadd_rn(p_err, err);
@@ -213,6 +215,7 @@ __device__ __forceinline__ void chunk_general(const float* x, const float* scale
         t.nonfinite += !finite_x;
         t.nan += (xq != xq) && (xv == xv);
         t.beyond += fabsf(xs[i]) >= p.beyond;
+        t.above += fabsf(xs[i]) > p.fmax;
         t.flushed_or_zero += (population && xq == 0.f) || xv == 0.f;
         t.err0_or_zero += (population && ae == 0.f) || xv == 0.f;
         if (population && ae != 0.f && finite_err && xq != 0.f)
@@ -235,7 +238,7 @@ fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__
     p.magic_low = (u32)magic_low;
     p.magic_high = (u32)magic_high;
     p.magic_shift = (u32)magic_shift;
-    Totals t = {0.0, 0.0, 0.0, 0.f, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+    Totals t = {0.0, 0.0, 0.0, 0.f, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
     const int lane = threadIdx.x & 31;
     const long long stride = (long long)gridDim.x * THREADS;
     long long c0 = (long long)blockIdx.x * THREADS + (threadIdx.x & ~31);
@@ -303,10 +306,11 @@ fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__
         t.beyond += __shfl_xor_sync(FULL, t.beyond, off);
         t.pairs += __shfl_xor_sync(FULL, t.pairs, off);
         t.nan_scale += __shfl_xor_sync(FULL, t.nan_scale, off);
+        t.above += __shfl_xor_sync(FULL, t.above, off);
     }
     // ... then over the block in shared memory, then one atomic per total and block
     __shared__ double sums[3][THREADS / 32];
-    __shared__ u64 counts[11][THREADS / 32];
+    __shared__ u64 counts[12][THREADS / 32];
     const int warp = threadIdx.x >> 5;
     if (lane == 0) {
         sums[0][warp] = t.s_err;
@@ -323,6 +327,7 @@ fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__
         counts[8][warp] = __float_as_uint(t.max_err);
         counts[9][warp] = t.scale_max;
         counts[10][warp] = t.scale_min_inv;
+        counts[11][warp] = t.above;
     }
     __syncthreads();  // (also: every shared-memory histogram add is done)
     if (threadIdx.x == 0) {
@@ -343,6 +348,10 @@ fmt_quantize_stats(const void* __restrict__ src, int n_chunks, u64* __restrict__
             total = k < 8 ? total + counts[k][w] : (total > counts[k][w] ? total : counts[k][w]);
         if (k < 8) atomicAdd(&head[k], total);
         else atomicMax(&head[k], total);
+    } else if (threadIdx.x == 14) {  // above, after outside (head[14]): head[15]
+        u64 total = 0;
+        for (int w = 0; w < THREADS / 32; ++w) total += counts[11][w];
+        atomicAdd(&head[15], total);
     }
     for (int i = threadIdx.x; i < WINDOW; i += THREADS)
         if (window[i]) atomicAdd(&out[HEAD + i], (u64)window[i]);

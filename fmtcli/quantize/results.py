@@ -154,7 +154,7 @@ class SchemeStats:
     nonfinite_inputs: int
     flushed: int
     flushed_fraction: float
-    saturated: int
+    saturated: int  # rounded past max and clipped back to +-max (metrics)
     overflowed: int
     nan_produced: int
     median_rel_error: float
@@ -169,6 +169,7 @@ class SchemeStats:
     # floor(log2(scale)) -> blocks using it (None where not known: the CUDA path)
     scale_log2_histogram: dict[int, int] | None = None
     blocks: BlockStats | None = None  # per-block facts (None: scales span the tensor, CUDA)
+    above_max: int = 0  # |x * scale| > max: saturated, overflowed, and those rounding to max
 
     @classmethod
     def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary,
@@ -203,12 +204,17 @@ class SchemeStats:
             max_abs_error=max_abs, rmse=rmse, mse=mse, sqnr_db=sqnr, bias=bias,
             scales=scales.stats(),
             scale_log2_histogram=None if exponents is None else log2_histogram(exponents),
-            blocks=None if blocks is None else blocks.stats())
+            blocks=None if blocks is None else blocks.stats(), above_max=acc.above_max)
 
     @property
     def saturated_fraction(self) -> float:
         """Saturated values over all values (``count``)."""
         return self.saturated / self.count if self.count else 0.0
+
+    @property
+    def above_max_fraction(self) -> float:
+        """Values with |x * scale| > max over all values (``count``)."""
+        return self.above_max / self.count if self.count else 0.0
 
     @property
     def overflowed_fraction(self) -> float:
@@ -226,8 +232,8 @@ class SchemeStats:
         out = self.scheme.to_dict()
         out.update({k: getattr(self, k) for k in (
             "count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flushed_fraction",
-            "saturated", "saturated_fraction", "overflowed", "overflowed_fraction",
-            "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
+            "saturated", "saturated_fraction", "above_max", "above_max_fraction",
+            "overflowed", "overflowed_fraction", "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
             "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution")})
         out["scales"] = self.scales.to_dict()
         out["scale_log2_histogram"] = (None if self.scale_log2_histogram is None else
@@ -331,11 +337,11 @@ class TensorResult:
         return self.tensor.skipped
 
     def to_dict(self) -> dict:
+        """The tensor's keys, then ``skipped`` (why it was left out, or null) and
+        ``schemes`` (empty for a skipped tensor): every key always present."""
         out = self.tensor.to_dict()
-        if self.skipped:
-            out["skipped"] = self.skipped
-        else:
-            out["schemes"] = [s.to_dict() for s in self.schemes]
+        out["skipped"] = self.skipped
+        out["schemes"] = [s.to_dict() for s in self.schemes] if not self.skipped else []
         return out
 
 
