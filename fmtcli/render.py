@@ -367,6 +367,7 @@ _STAT_ROWS = [
     ("RMSE", lambda s: value_text(s.rmse, 4)),
     ("SQNR", _sqnr_text),
     ("bias (mean error)", lambda s: value_text(s.bias, 3)),
+    ("|x*scale| > max", lambda s: f"{s.above_max:,}"),
     ("saturated", lambda s: f"{s.saturated:,}"),
     ("overflowed (inf/NaN)", lambda s: f"{s.overflowed:,}"),
     ("NaN produced", lambda s: f"{s.nan_produced:,}"),
