@@ -28,6 +28,18 @@ For each layer and stream (K, V), granularity and candidate rule:
 
 The recommendation of a layer and stream: the stored granularity (tensor or head) and rule
 of the highest SQNR (fewest flushed values on a tie).
+
+**What a checkpoint holds.**  vLLM keeps scales in float32 and loads a checkpoint's
+``k_scale``/``v_scale`` in the OCP convention (E4M3's amax / 448); on GPUs whose FP8 is
+fnuz (AMD MI300/MI325, gfx94x: ``current_platform.is_fp8_fnuz()``), where the cache is
+float8_e4m3fnuz (max 240), it multiplies every loaded scale by 2 before use
+(``BaseKVCacheMethod.process_weights_after_loading`` in vLLM's
+``vllm/model_executor/layers/quantization/kv_cache.py``).  So the figures of
+``--format e4m3fnuz`` are those of the scales vLLM *applies* there, and ``--out`` writes
+half of them (``checkpoint_factor``), which vLLM doubles back exactly.  A scale must be a
+normal float32 as written: a group whose amax / fp8_max falls below float32's smallest
+normal (2^-126) cannot be given one and is refused, naming the tensor; the p99.99 and MSE
+rules never go below that floor.
 """
 
 from __future__ import annotations
@@ -50,12 +62,25 @@ CANDIDATES = ("unit", "amax", "amax-x2", "p99.99", "mse")
 AXES = ("layers", "batch", "tokens", "heads", "dim")
 DEFAULT_LAYOUT = "tokens,heads,dim"
 K_NAMES, V_NAMES = {"k", "key", "keys", "k_cache"}, {"v", "value", "values", "v_cache"}
+KV_FORMATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2")
+FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal: the smallest scale written
 _INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
 def vllm_name(layer: int, stream: str) -> str:
     """The checkpoint name vLLM and llm-compressor load a layer's scale from."""
     return f"model.layers.{layer}.self_attn.{stream}_scale"
+
+
+def checkpoint_factor(spec: FormatSpec) -> float:
+    """What ``--out`` multiplies the applied scales by: 1/2 for float8_e4m3fnuz, whose
+    scales vLLM doubles on loading (on fnuz GPUs, the only ones with an e4m3fnuz cache),
+    1 for the OCP formats, whose scales it applies as loaded."""
+    return 0.5 if spec.name == "float8_e4m3fnuz" else 1.0
+
+
+class TinyScale(DataError):
+    """A group of values too small for a float32 scale (its amax / fp8_max < 2^-126)."""
 
 
 # -- inputs --------------------------------------------------------------------------------
@@ -79,6 +104,9 @@ def _to_tokens_heads_dim(x: np.ndarray, axes: tuple[str, ...], name: str) -> np.
     x = np.ascontiguousarray(x.reshape(-1, x.shape[-2], x.shape[-1]), dtype=np.float32)
     if not x.size:
         raise DataError(f"{shown(name)}: empty")
+    if not x.any():
+        raise DataError(f"{shown(name)}: every value is 0 (no scale to choose, no error to "
+                        "measure)")
     if not np.isfinite(x).all():  # an amax of inf or NaN makes no scale
         raise DataError(f"{shown(name)}: {int((~np.isfinite(x)).sum()):,} value(s) inf or "
                         "NaN (or beyond float32)")
@@ -103,10 +131,12 @@ def stream_of(source: TensorSource, kind: str | None = None
 
 
 def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
-               kind: str | None = None, out: dict | None = None
-               ) -> dict[tuple[int, str], np.ndarray]:
+               kind: str | None = None, out: dict | None = None,
+               names: dict | None = None) -> dict[tuple[int, str], np.ndarray]:
     """(layer, 'k'/'v') -> (tokens, heads, dim) float32 of every K and V tensor (every
-    tensor is of stream ``kind`` when given), added to ``out`` when given."""
+    tensor is of stream ``kind`` when given), added to ``out`` when given; ``names``, when
+    given, gets (layer, 'k'/'v') -> the tensor's name, for errors."""
+    names = {} if names is None else names
     axes = parse_layout(layout)
     out = {} if out is None else out
     for source in sources:
@@ -126,11 +156,13 @@ def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
                     raise DataError(f"{shown(source.name)}: a second {stream.upper()} of "
                                     f"layer {i}")
                 out[(i, stream)] = _to_tokens_heads_dim(part, inner, source.name)
+                names[(i, stream)] = f"{source.name}[{i}]"
             continue
         key = (0 if layer is None else layer, stream)
         if key in out:
             raise DataError(f"{shown(source.name)}: a second {stream.upper()} of layer {key[0]}")
         out[key] = _to_tokens_heads_dim(np.asarray(data), axes, source.name)
+        names[key] = source.name
     if not out:
         skipped = [f"{shown(s.name)}: {s.skipped}" for s in sources
                    if s.skipped and stream_of(s, kind)]
@@ -175,7 +207,8 @@ def round_trip(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec
     scaled = (x / k_scale).astype(np.float32, copy=False)
     clipped = int(np.count_nonzero(np.abs(scaled) >= beyond_threshold(spec)))
     q = round_to_format(scaled, spec, overflow="saturate")
-    return (q * k_scale).astype(np.float32, copy=False), clipped
+    with np.errstate(over="ignore"):  # q * k_scale past float32's max is inf, as in vLLM
+        return (q * k_scale).astype(np.float32, copy=False), clipped
 
 
 def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -186,12 +219,29 @@ def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> n
         return np.add.reduce(np.square(e, out=e), axis=axes, keepdims=True, dtype=np.float64)
 
 
+def smallest_scale(spec: FormatSpec) -> float:
+    """The smallest scale fmt applies: the one whose checkpoint value is float32's
+    smallest normal (2^-126; 2^-125 for e4m3fnuz, written halved)."""
+    return FLOAT32_TINY / checkpoint_factor(spec)
+
+
 def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: FormatSpec
                     ) -> np.ndarray:
-    """The dequantization scale (vLLM's direction) of every group, broadcastable to x."""
+    """The dequantization scale (vLLM's direction) of every group, broadcastable to x,
+    computed in float64 and given as float32 (never below ``smallest_scale``).  Raises
+    ``TinyScale`` where a nonzero group's amax / fp8_max is below it."""
     axes = _group_axes(granularity)
     amax = np.abs(x).max(axis=axes, keepdims=True).astype(np.float64)
     base = np.where(amax > 0, amax / spec.max, 1.0)
+    floor = smallest_scale(spec)
+    if candidate != "unit" and (base < floor).any():
+        small = float(amax[base < floor].max())
+        where = {"tensor": "", "head": " in a head", "token-head": " in a token's head"}
+        raise TinyScale(f"|x| is at most {small:.3g}{where[granularity]}: its scale, amax / "
+                        f"{spec.max:g} = {small / spec.max:.3g}, is below float32's "
+                        "smallest normal (2^-126 ~ 1.18e-38), the width of vLLM's scales",
+                        "multiply the dump by a power of two, say 2^64, and divide its "
+                        "scales by it")
     if candidate == "unit":
         return np.ones_like(base, dtype=np.float32)
     if candidate == "amax":
@@ -200,26 +250,29 @@ def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: Forma
         return (2 * base).astype(np.float32)
     if candidate == "p99.99":
         q = np.quantile(np.abs(x), 0.9999, axis=axes, keepdims=True)
-        return np.where(q > 0, q / spec.max, base).astype(np.float32)
+        return np.maximum(np.where(q > 0, q / spec.max, base), floor).astype(np.float32)
     if candidate == "mse":
-        return _mse_scale(x, base, axes, spec)
+        return _mse_scale(x, base, axes, spec, floor)
     raise UsageError(f"candidate={shown(candidate)}: one of {', '.join(CANDIDATES)}")
 
 
-def _mse_scale(x, base, axes, spec) -> np.ndarray:
+def _mse_scale(x, base, axes, spec, floor) -> np.ndarray:
     """Per group, the amax scale times 2**-m of least squared error: m on scale-search's
-    coarse grid, then its fine steps around each group's best."""
+    coarse grid, then its fine steps around each group's best (no scale below ``floor``)."""
     from .scalesearch import COARSE, FINE_STEP
 
+    def scale(m: np.ndarray) -> np.ndarray:
+        return np.maximum(base * 2.0 ** -m, floor).astype(np.float32)
+
     def best(margins: np.ndarray) -> np.ndarray:  # margins: (n, *group shape)
-        errors = np.stack([_squared_error(x, round_trip(x, (base * 2.0 ** -m).astype(
-            np.float32), spec)[0], axes) for m in margins])
+        errors = np.stack([_squared_error(x, round_trip(x, scale(m), spec)[0], axes)
+                           for m in margins])
         return np.take_along_axis(margins, np.argmin(errors, axis=0)[None], 0)[0]
 
     coarse = best(np.broadcast_to(COARSE.reshape((-1,) + (1,) * base.ndim),
                                   (len(COARSE),) + base.shape))
     fine = coarse[None] + (np.arange(-8, 9) * FINE_STEP).reshape((-1,) + (1,) * base.ndim)
-    return (base * 2.0 ** -best(fine)).astype(np.float32)
+    return scale(best(fine))
 
 
 @dataclass(frozen=True)
@@ -320,11 +373,18 @@ class KvResult:
     streams: tuple[StreamResult, ...]
     totals: dict  # stream -> tuple of KvStats over every layer, in ``streams[0].stats`` order
     recommended_total: dict  # stream -> KvStats of the recommended scales over every layer
+    checkpoint_factor: float = 1.0  # written scale = applied scale x this (``checkpoint_factor``)
+
+    def checkpoint_arrays(self) -> dict[str, np.ndarray]:
+        """What ``--out`` writes: vLLM name -> float32 scalar (per tensor) or [num_kv_heads]
+        (per head), the applied scales times ``checkpoint_factor`` (exact: a power of two)."""
+        return {s.name: np.asarray(s.scales[0] if s.recommended.granularity == "tensor"
+                                   else s.scales, np.float32)
+                * np.float32(self.checkpoint_factor) for s in self.streams}
 
     def scales_document(self) -> dict:
         """The scales ``--out`` writes: vLLM name -> value (a float, or a list per head)."""
-        return {s.name: s.scales[0] if len(s.scales) == 1 and s.recommended.granularity
-                == "tensor" else list(s.scales) for s in self.streams}
+        return {name: a.tolist() for name, a in self.checkpoint_arrays().items()}
 
     def to_dict(self) -> dict:
         return {"format": self.format, "fp8_max": self.fp8_max, "inputs": list(self.inputs),
@@ -334,6 +394,7 @@ class KvResult:
                 "totals": {k: [s.to_dict() for s in v] for k, v in self.totals.items()},
                 "recommended_total": {k: v.to_dict()
                                       for k, v in self.recommended_total.items()},
+                "checkpoint_factor": self.checkpoint_factor,
                 "scales": self.scales_document()}
 
 
@@ -346,10 +407,15 @@ def _better(a: KvStats, b: KvStats) -> bool:
 
 def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
                granularities=GRANULARITIES, candidates=CANDIDATES,
-               inputs: tuple[str, ...] = (), progress=None) -> KvResult:
+               inputs: tuple[str, ...] = (), progress=None, names: dict | None = None
+               ) -> KvResult:
     """Every (granularity, candidate) on every stream; recommendations from the stored
     granularities among those asked for.  ``progress(done, total)``: bytes of float32 K and
-    V done, after each stream."""
+    V done, after each stream; ``names``: (layer, stream) -> the tensor's name, for errors.
+    A format other than ``KV_FORMATS`` is a UsageError."""
+    if spec.name not in KV_FORMATS:
+        raise UsageError(f"format={shown(spec.name)}: a KV-cache format is one of "
+                         "e4m3fn, e4m3fnuz, e5m2")
     for g in granularities:
         if g not in GRANULARITIES:
             raise UsageError(f"granularity={shown(g)}: one of {', '.join(GRANULARITIES)}")
@@ -367,7 +433,12 @@ def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
             for c in candidates:
                 if c == "unit" and g != granularities[0]:
                     continue  # 1.0 everywhere: the same at every granularity
-                scale = candidate_scale(x, g, c, spec)
+                try:
+                    scale = candidate_scale(x, g, c, spec)
+                except TinyScale as error:
+                    name = (names or {}).get((layer, kind), f"layer {layer}'s {kind.upper()}")
+                    raise DataError(f"{shown(name)}: {error.message}", error.suggestion
+                                    ) from None
                 stats, acc = measure(x, scale, spec, g, c)
                 rows.append(stats)
                 key = (kind, g, c)
@@ -398,35 +469,27 @@ def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
         flat = np.concatenate([np.asarray(s, np.float64).ravel() for s in scales])
         rec_stats[kind] = _stats(acc, "recommended", "recommended", flat, max_rel)
     return KvResult(spec.name, spec.max, tuple(inputs), tuple(results),
-                    {k: tuple(v) for k, v in total_stats.items()}, rec_stats)
+                    {k: tuple(v) for k, v in total_stats.items()}, rec_stats,
+                    checkpoint_factor(spec))
 
 
 def write_scales(result: KvResult, path: str) -> None:
-    """``--out``: the recommended scales under vLLM's names, in vLLM's direction, as
-    .safetensors (float32 scalars, or [num_kv_heads]) or .json (the same content)."""
+    """``--out``: the recommended scales as vLLM loads them (``KvResult.checkpoint_arrays``:
+    vLLM's names and direction, halved for e4m3fnuz), as .safetensors (float32 scalars, or
+    [num_kv_heads]) or .json (the same content); written by the project's own writer,
+    atomically, with a new file's usual mode (``quantize.writers.write_atomically``)."""
     import json
-    import os
-    import tempfile
+
+    from .quantize.writers import write_bytes, write_safetensors
 
     if path.endswith(".json"):
-        data = json.dumps({"direction": "vllm: x ~ q * k_scale (dequantization scales)",
-                           "format": result.format, "scales": result.scales_document()},
-                          indent=2).encode()
+        write_bytes(path, json.dumps(
+            {"direction": "vllm: x ~ q * k_scale (dequantization scales)",
+             "format": result.format, "checkpoint_factor": result.checkpoint_factor,
+             "scales": result.scales_document()}, indent=2).encode())
     elif path.endswith(".safetensors"):
-        from safetensors.numpy import save
-
-        data = save({s.name: np.array(s.scales[0] if s.recommended.granularity == "tensor"
-                                      else s.scales, dtype=np.float32)
-                     for s in result.streams}, metadata={"format": result.format})
+        write_safetensors(path, result.checkpoint_arrays(),
+                          {"format": result.format,
+                           "checkpoint_factor": repr(result.checkpoint_factor)})
     else:
         raise UsageError(f"out={shown(path)}: .safetensors or .json")
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".fmt-kv-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

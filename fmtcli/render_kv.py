@@ -52,7 +52,9 @@ def render_kv(result: KvResult):
         f"Recommended {result.format} KV-cache scales", "", ["rule", "scale", "SQNR",
                                                               "unit", "clipped", "flushed"],
         [(f"layer {layer}", None, r) for layer, r in rows.items()], name_header="",
-        caption="SQNR in dB; unit: the SQNR of scale 1.0 (vLLM's default)")]
+        caption="SQNR in dB; unit: the SQNR of scale 1.0 (vLLM's default)" + (
+            "; scale: as applied on fnuz GPUs (MI300), where vLLM doubles a checkpoint's "
+            "scales: --out writes half" if result.checkpoint_factor != 1 else ""))]
     parts.append(render.HeadedRows(
         "Every rule, all layers together", "rule", ["SQNR", "clipped", "flushed", "p99 rel",
                                                     "max rel"],

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +18,7 @@ from cli_helpers import (
     assert_usage_error,
     invoke,
     json_of,
+    run_fmt,
     succeeds,
 )
 from safetensors.numpy import load_file, save_file
@@ -27,13 +30,24 @@ RNG = np.random.default_rng(61)
 E4M3 = get_format("e4m3fn")
 
 
-def vllm_round_trip(x: np.ndarray, k_scale) -> np.ndarray:
+def vllm_round_trip(x: np.ndarray, k_scale, cache=ml_dtypes.float8_e4m3fn) -> np.ndarray:
     """What vLLM's FP8 KV cache does (saturating cast of x / k_scale, times k_scale)."""
     scaled = np.asarray(x, np.float32) / np.float32(k_scale) if np.ndim(k_scale) == 0 else \
         np.asarray(x, np.float32) / np.asarray(k_scale, np.float32)[None, :, None]
-    q = np.clip(scaled, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    fp8_max = float(ml_dtypes.finfo(cache).max)
+    q = np.clip(scaled, -fp8_max, fp8_max).astype(cache).astype(np.float32)
     return q * (np.float32(k_scale) if np.ndim(k_scale) == 0
                 else np.asarray(k_scale, np.float32)[None, :, None])
+
+
+def vllm_loaded_scale(checkpoint_scale, fnuz_gpu: bool) -> np.ndarray:
+    """The scale vLLM applies for a checkpoint's k_scale/v_scale: doubled on a GPU whose FP8
+    is fnuz (``if current_platform.is_fp8_fnuz(): k_scale *= 2`` in
+    ``BaseKVCacheMethod.process_weights_after_loading``,
+    vllm/model_executor/layers/quantization/kv_cache.py), as loaded elsewhere.  The cache
+    is float8_e4m3fnuz there (``RocmPlatform.fp8_dtype``), float8_e4m3fn elsewhere."""
+    scale = np.asarray(checkpoint_scale, np.float32)
+    return scale * np.float32(2) if fnuz_gpu else scale
 
 
 def sqnr(x, x_hat) -> float:
@@ -184,3 +198,113 @@ def test_tables_fit(width):
     out = succeeds("kv", env={"COLUMNS": str(width)}).stdout
     assert_fits(out, width)
     assert "What unit scales cost" in out
+
+
+def kv_file(tmp_path, seed: int = 5):
+    rng = np.random.default_rng(seed)
+    tensors = {f"layers.{i}.{kind}": (rng.standard_t(3, (64, 2, 16)) * (i + 1)).astype(
+        np.float32) for i in range(2) for kind in ("k", "v")}
+    save_file(tensors, str(tmp_path / "kv.safetensors"))
+    return tensors
+
+
+@pytest.mark.parametrize("candidates", ["amax", "unit,amax,amax-x2,p99.99,mse"])
+def test_scales_written_give_the_figures_reported_as_vllm_applies_them_on_both_gpus(
+        tmp_path, candidates):
+    """e4m3fnuz: vLLM doubles a checkpoint's scales on fnuz GPUs (MI300), so --out writes
+    half the applied scale; e4m3fn: written as applied, and applied as loaded on OCP GPUs
+    (and doubled on fnuz ones, where nothing then clips: amax / 224 within 240)."""
+    tensors = kv_file(tmp_path)
+    docs, written = {}, {}
+    for fmt in ("e4m3fnuz", "e4m3fn"):
+        out = tmp_path / f"{fmt}.safetensors"
+        result = invoke("kv", tmp_path / "kv.safetensors", "--format", fmt, "--candidates",
+                        candidates, "--out", out, "--json")
+        assert result.exit_code == 0, result.stderr
+        docs[fmt], written[fmt] = json.loads(result.stdout), load_file(str(out))
+        assert docs[fmt]["scales"] == {k: v.tolist() for k, v in written[fmt].items()}
+    assert "halved" in invoke("kv", tmp_path / "kv.safetensors", "--format", "e4m3fnuz",
+                              "--out", tmp_path / "again.json").stderr
+    assert docs["e4m3fnuz"]["checkpoint_factor"] == 0.5
+    assert docs["e4m3fn"]["checkpoint_factor"] == 1.0
+    for fmt, fnuz_gpu, cache in (("e4m3fnuz", True, ml_dtypes.float8_e4m3fnuz),
+                                 ("e4m3fn", False, ml_dtypes.float8_e4m3fn)):
+        for stream in docs[fmt]["streams"]:
+            applied = vllm_loaded_scale(written[fmt][stream["name"]], fnuz_gpu)
+            rec = stream["recommended"]
+            assert applied.ravel().tolist() == rec["scales"]  # what fmt measured
+            x = tensors[f"layers.{stream['layer']}.{stream['stream']}"]
+            x_hat = vllm_round_trip(x, applied if applied.shape else applied.item(), cache)
+            reported = next(c for c in stream["candidates"] if c["granularity"]
+                            == rec["granularity"] and c["candidate"] == rec["candidate"])
+            assert reported["sqnr_db"] == pytest.approx(sqnr(x, x_hat), rel=1e-6)
+            assert reported["flushed"] == int(((x_hat == 0) & (x != 0)).sum())
+            if candidates == "amax" and rec["granularity"] == "tensor":
+                amax = np.abs(x).max()
+                assert applied.item() == np.float32(amax / (240 if fnuz_gpu else 448))
+    for stream in docs["e4m3fn"]["streams"]:  # an OCP checkpoint on an MI300
+        x = tensors[f"layers.{stream['layer']}.{stream['stream']}"]
+        applied = vllm_loaded_scale(written["e4m3fn"][stream["name"]], fnuz_gpu=True)
+        scaled = x / (applied if applied.shape == () else applied[None, :, None])
+        assert np.abs(scaled).max() <= 240
+
+
+def test_tiny_or_zero_k_is_refused_naming_the_tensor_and_nothing_warns(tmp_path):
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "layers.0.k.npy", (rng.standard_normal((16, 2, 8)) * 1e-43).astype(
+        np.float32))  # float32 subnormals only: amax / 448 is below 2^-149
+    result = invoke("kv", tmp_path / "layers.0.k.npy")
+    assert_data_error(result, "layers.0.k.npy", "smallest normal", "2^-126")
+    assert "Note" not in result.stderr and "Warning" not in result.stderr
+    k = (rng.standard_normal((16, 2, 8))).astype(np.float32)
+    k[3] = 1e-40  # one token whose every head is tiny: no per-token-head scale for it
+    np.save(tmp_path / "layers.1.k.npy", k)
+    assert_data_error(invoke("kv", tmp_path / "layers.1.k.npy"), "layers.1.k.npy",
+                      "in a token's head")
+    assert succeeds("kv", tmp_path / "layers.1.k.npy", "--granularity", "tensor,head"
+                    ).stderr == ""
+    np.save(tmp_path / "layers.2.k.npy", np.zeros((4, 2, 8), np.float32))
+    assert_data_error(invoke("kv", tmp_path / "layers.2.k.npy"), "layers.2.k.npy",
+                      "every value is 0")
+    np.save(tmp_path / "layers.3.k.npy", np.full((4, 2, 8), np.finfo(np.float32).max,
+                                                 np.float32))
+    assert succeeds("kv", tmp_path / "layers.3.k.npy").stderr == ""
+    x = (rng.standard_normal((64, 2, 8)) * 1e-35).astype(np.float32)  # amax / 448: normal
+    for candidate in ("p99.99", "mse"):  # never a scale below float32's smallest normal
+        assert candidate_scale(x, "token-head", candidate, E4M3).min() >= 2.0 ** -126
+    fnuz = get_format("e4m3fnuz")  # written halved: applied scales stay >= 2^-125
+    assert candidate_scale(x * 4, "token-head", "mse", fnuz).min() >= 2.0 ** -125
+
+
+def test_out_safetensors_needs_no_safetensors_package_and_has_a_new_files_mode(tmp_path):
+    kv_file(tmp_path)
+    blocker = tmp_path / "blocked" / "safetensors"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError(\"No module named 'safetensors'\")\n")
+    old = os.umask(0o027)
+    try:
+        proc = run_fmt("kv", tmp_path / "kv.safetensors", "--granularity", "tensor",
+                       "--out", tmp_path / "s.safetensors",
+                       env={"PYTHONPATH": str(blocker.parent)})
+        assert proc.returncode == 0, proc.stderr.decode()
+        succeeds("kv", "--out", tmp_path / "s.json")
+        succeeds("quantize", tmp_path / "kv.safetensors", "--out", tmp_path / "q.safetensors")
+    finally:
+        os.umask(old)
+    assert set(load_file(str(tmp_path / "s.safetensors"))) == {
+        f"model.layers.{i}.self_attn.{k}_scale" for i in range(2) for k in ("k", "v")}
+    modes = {name: stat.S_IMODE(os.stat(tmp_path / name).st_mode)
+             for name in ("s.safetensors", "s.json", "q.safetensors")}
+    assert modes == dict.fromkeys(modes, 0o640)  # 0666 less the umask, as quantize's
+
+
+def test_format_goes_through_the_shared_parser():
+    result = succeeds("kv", "--format", "fp8", "--granularity", "tensor", "--candidates",
+                      "amax", "--json")
+    assert json.loads(result.stdout)["format"] == "float8_e4m3fn"
+    assert "'fp8' is ambiguous; using float8_e4m3fn" in result.stderr
+    doc = json_of("kv", "--format", "torch.float8_e4m3fnuz", "--granularity", "tensor",
+                  "--candidates", "amax")
+    assert doc["format"] == "float8_e4m3fnuz" and doc["fp8_max"] == 240.0
+    assert_usage_error(invoke("kv", "--format", "bf16"), "KV-cache format", "e4m3fnuz")
+    assert_usage_error(invoke("kv", "--format", "e4m3fn,e5m2"), "one format")

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import UsageError
 from .app import UsageWithEllipsis, app
-from .options import JsonOption, check_not_empty
+from .options import JsonOption, check_not_empty, resolve_one_format
 from .output import StderrProgress, emit, note
 
 FORMATS = ("e4m3fn", "e4m3fnuz", "e5m2")
@@ -29,8 +29,9 @@ def kv_command(
         "--v", metavar="PATH", help="A file whose every tensor is V.", show_default=False)
     ] = None,
     format_name: Annotated[str, typer.Option(
-        "--format", metavar="F", help="KV-cache format: " + ", ".join(FORMATS) + ".")
-    ] = "e4m3fn",
+        "--format", metavar="F", help="KV-cache format: " + ", ".join(FORMATS) + " (fp8: "
+        "e4m3fn).  e4m3fnuz: the scales vLLM applies on fnuz GPUs (MI300), which double "
+        "what a checkpoint holds: --out writes half of them.")] = "e4m3fn",
     layout: Annotated[str, typer.Option(
         "--layout", metavar="AXES", help="The axes of each tensor, from layers, batch, "
         "tokens, heads, dim (batch and tokens are merged), e.g. layers,tokens,heads,dim.")
@@ -60,16 +61,15 @@ def kv_command(
     """
     import os
 
-    from ..formats import get_format
-    from ..kv import analyse_kv, example_kv, kv_streams, parse_layout, write_scales
+    from ..kv import KV_FORMATS, analyse_kv, example_kv, kv_streams, parse_layout, write_scales
 
     check_not_empty(format=format_name, layout=layout, granularity=granularity,
                     candidates=candidates, out=out, k=k_file, v=v_file)
     inputs = [*(files or []), *(f for f in (k_file, v_file) if f is not None)]
-    if format_name.lower() not in FORMATS and format_name.lower() not in (
-            "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2"):
-        raise UsageError(f"--format {format_name}: one of {', '.join(FORMATS)}")
-    spec = get_format(format_name.lower())
+    spec = resolve_one_format(format_name)  # every command's parser: fp8, e4m3 -> e4m3fn
+    if spec.name not in KV_FORMATS:
+        raise UsageError(f"--format {format_name}: a KV-cache format is one of "
+                         f"{', '.join(FORMATS)}")
     parse_layout(layout)
     if out is not None:
         if not out.endswith((".safetensors", ".json")):
@@ -83,26 +83,30 @@ def kv_command(
     if inputs:
         from ..tensors import load_path
 
-        streams = kv_streams([s for f in files for s in load_path(f)], layout) if files \
-            else {}
+        names: dict = {}
+        streams = kv_streams([s for f in files for s in load_path(f)], layout,
+                             names=names) if files else {}
         for kind, path in (("k", k_file), ("v", v_file)):
             if path is not None:
-                streams = kv_streams(load_path(path), layout, kind, streams)
+                streams = kv_streams(load_path(path), layout, kind, streams, names)
         streams = dict(sorted(streams.items()))
     else:
         if layout != "tokens,heads,dim":
             raise UsageError("--layout describes FILEs; the built-in example has none")
-        streams = example_kv()
+        streams, names = example_kv(), None
     progress = StderrProgress("kv scales")
     try:
         result = analyse_kv(streams, spec,
                             list(dict.fromkeys(g.strip() for g in granularity.split(","))),
                             list(dict.fromkeys(c.strip() for c in candidates.split(","))),
-                            inputs=tuple(inputs or ["<built-in example>"]), progress=progress)
+                            inputs=tuple(inputs or ["<built-in example>"]), progress=progress,
+                            names=names)
     finally:
         progress.close()
     if out is not None:
         write_scales(result, out)
+        halved = "; halved: vLLM doubles them on fnuz GPUs" \
+            if result.checkpoint_factor != 1 else ""
         note(f"wrote {len(result.streams)} scales to {out} (vLLM's direction: "
-             "x ~ q * k_scale)")
+             f"x ~ q * k_scale{halved})")
     emit(result, json_out)

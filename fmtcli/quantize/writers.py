@@ -212,13 +212,25 @@ def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict
         arrays[f"{key}.codes"] = np.ascontiguousarray(codes)
         arrays[f"{key}.scales"] = _scales_array(scales)
         metadata[key] = json.dumps(description)
-    temporary = _temporary(path)
-    try:
-        if path.lower().endswith(".npz"):
+    if path.lower().endswith(".npz"):
+        def write(temporary: str) -> None:
             with open(temporary, "wb") as handle:
                 np.savez(handle, **arrays)
-        else:
-            _write_safetensors(temporary, arrays, metadata)
+
+        write_atomically(path, write)
+    else:
+        write_safetensors(path, arrays, metadata)
+
+
+def write_atomically(path: str, write) -> None:
+    """The one way a whole file is written: ``write(temporary)`` fills a new temporary
+    beside ``path``, which is then renamed into place with the mode a new file gets
+    (0666 less the umask: 0644 under the usual umask 022, not mkstemp's 0600).  An OSError
+    is a one-line DataError and anything else (a bug, Ctrl-C) is re-raised; either way the
+    temporary is removed."""
+    temporary = _temporary(path)
+    try:
+        write(temporary)
     except OSError as error:
         _remove(temporary)
         raise DataError(f"cannot write {shown(path)} ({error.strerror or error})") from None
@@ -228,10 +240,26 @@ def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict
     _commit(temporary, path)
 
 
+def write_bytes(path: str, data: bytes) -> None:
+    """``data`` as the whole file ``path``, atomically (``write_atomically``)."""
+    def write(temporary: str) -> None:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+
+    write_atomically(path, write)
+
+
+def write_safetensors(path: str, arrays: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """``arrays`` (name -> array of a dtype in ``dtypes.SAFETENSORS_CODES``) as a
+    .safetensors file, atomically; no ``safetensors`` package needed (the format: an
+    8-byte little-endian header length, the JSON header, the raw bytes)."""
+    write_atomically(path, lambda temporary: _write_safetensors(
+        temporary, {k: np.asarray(a, order="C") for k, a in arrays.items()}, metadata or {}))
 
 
 def _write_safetensors(path: str, arrays: dict[str, np.ndarray], metadata: dict) -> None:
-    header: dict = {"__metadata__": metadata}
+    header: dict = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for key, arr in arrays.items():
         header[key] = {"dtype": SAFETENSORS_CODES[arr.dtype.name], "shape": list(arr.shape),
