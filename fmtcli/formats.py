@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .choices import ARTICLE_FORMATS as ARTICLE_FORMATS  # re-exported
+from .choices import RECIPE_NAMES
 from .errors import UnknownFormatError, UsageError, shown
 
 
@@ -359,6 +360,10 @@ def resolve_format(name: str) -> tuple[FormatSpec, str | None]:
     spec = parse_custom(key)
     if spec is not None:
         return spec, None
+    if key in RECIPE_NAMES:  # mxfp8, nvfp4, ...: a format with its block size and scale rule
+        raise UnknownFormatError(
+            f"unknown format {shown(name)}",
+            f"{key} is a recipe, not a format: fmt quantize takes it as recipe='{key}'")
     close = difflib.get_close_matches(key, known_names(), n=3, cutoff=0.6) \
         if len(key) <= 64 else []
     hint = f"did you mean {', '.join(close)}?" if close else "'fmt range --all' lists them."

@@ -248,7 +248,7 @@ def test_large_but_bounded_powers_overflow_without_hanging():
 def test_other_refusals():
     assert_usage_error(invoke("calc", "1+1", "--format", "nope"), "unknown format")
     assert_usage_error(invoke("calc", "1+1", "--format", ""), "--format")
-    assert_usage_error(invoke("calc", "--bogus"), "no such option")
+    assert_usage_error(invoke("calc", "--bogus"), "No such option: --bogus")
     assert_usage_error(invoke("calc"), "EXPR")
     assert_usage_error(invoke("calc", "1", "--rounding", "sideways"))
 

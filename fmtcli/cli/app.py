@@ -10,7 +10,9 @@ on ``app`` from their own modules (``range``, ``quantize``, ...: see ``fmtcli/cl
 
 from __future__ import annotations
 
+import difflib
 import os
+import shlex
 import sys
 import warnings
 from typing import Annotated, Optional
@@ -18,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from ..errors import FmtError, shown
+from ..errors import FmtError, one_line, shown
 from .output import (
     _discard_stdout,
     as_options,
@@ -82,7 +84,7 @@ class OneLineErrors(TyperGroup):
                     return failed.exit_code
                 return 0
             command = ctx.command_path if ctx is not None else "fmt"
-            error_line(f"{error.format_message()} (see '{command} --help')")
+            error_line(f"{usage_message(error, ctx)} (see '{command} --help')")
             return getattr(error, "exit_code", 2)
         except MemoryError:
             if show_tracebacks():
@@ -106,9 +108,92 @@ class OneLineErrors(TyperGroup):
             return INTERNAL_ERROR
 
 
+def usage_message(error, ctx) -> str:
+    """The parser's message of a usage error, with ``unknown_option``'s advice where the
+    error is an unknown option."""
+    option = getattr(error, "option_name", None)
+    if not hasattr(error, "possibilities") or option is None or ctx is None:
+        return error.format_message()  # not an unknown option
+    return unknown_option(option, error.message, ctx)
+
+
+def unknown_option(option: str, message: str, ctx) -> str:
+    """``message`` (no such option) with the closest option the command has (``--fromat``:
+    did you mean --format?), or saying that the name is one of its arguments (``fmt range
+    --format fp8``: FORMAT is an argument here)."""
+    params = [p for p in ctx.command.get_params(ctx) if not getattr(p, "hidden", False)]
+    names = {name[2:]: name for p in params if not isinstance(p, TyperArgument)
+             for name in (*p.opts, *p.secondary_opts) if name.startswith("--")}
+    bare = option[2:] if option.startswith("--") else ""
+    close = difflib.get_close_matches(bare, names, n=1, cutoff=0.7) if len(bare) <= 64 else []
+    if close:
+        return f"{message}; did you mean {names[close[0]]}?"
+    for p in params:
+        metavar = p.metavar or (p.name or "").upper()
+        if isinstance(p, TyperArgument) and bare.lower() in (metavar.lower(), metavar.lower() +
+                                                            "s", (p.name or "").lower()):
+            return f"{message}; {metavar} is an argument here, given without {option}"
+    return message
+
+
 class UsageWithEllipsis(TyperCommand):
-    """Usage lines that mark repeatable arguments: ``fmt underflow [OPTIONS] VALUE...``,
-    ``fmt quantize [OPTIONS] [FILE]...`` (typer writes ``{VALUE}`` and ``[FILE]``)."""
+    """The command class of every fmt command: its usage errors and its help.
+
+    - usage lines that mark repeatable arguments: ``fmt underflow [OPTIONS] VALUE...``,
+      ``fmt quantize [OPTIONS] [FILE]...`` (typer writes ``{VALUE}`` and ``[FILE]``);
+    - plain metavars for numbers (``--seed N``, where click writes ``<int range>``; the
+      range itself is in the help's brackets);
+    - every usage error names this command (its hint is ``fmt quantize --help``, also for
+      the errors click raises without a context, such as an option missing its value);
+    - extra arguments say what the command takes (``fmt calc 1 + 2``: quote the
+      expression as one argument)."""
+
+    PLAIN_METAVARS = {"int": "N", "int range": "N", "float": "X", "float range": "X"}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.metavar is None and not isinstance(param, TyperArgument) \
+                    and not getattr(param, "is_flag", False):
+                param.metavar = self.PLAIN_METAVARS.get(param.type.name)
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        allow_extra = ctx.allow_extra_args
+        ctx.allow_extra_args = True  # extra arguments are refused below, in our words
+        try:
+            rest = super().parse_args(ctx, args)
+        except typer.TyperException as error:
+            if getattr(error, "ctx", False) is None:  # click raised it without a context
+                error.ctx = error.cmd = ctx
+            raise
+        finally:
+            ctx.allow_extra_args = allow_extra
+        if ctx.resilient_parsing:
+            return rest
+        if ctx.ignore_unknown_options:  # arguments may start with '-' (-5): not with '--x'
+            for param in self.get_params(ctx):
+                value = ctx.params.get(param.name) if isinstance(param, TyperArgument) else None
+                for text in [value] if isinstance(value, str) else value or ():
+                    if isinstance(text, str) and text.startswith("--") and text[2:3].isalpha():
+                        ctx.fail(unknown_option(text, f"No such option: {one_line(text, 200)}",
+                                                ctx))
+        if rest and not allow_extra:
+            ctx.fail(self.extra_arguments(ctx, rest))
+        return rest
+
+    def extra_arguments(self, ctx, extra: list[str]) -> str:
+        """What the command takes, when it got more arguments than that."""
+        arguments = [p for p in self.get_params(ctx) if isinstance(p, TyperArgument)]
+        shown_extra = one_line(shlex.join(extra), 200)
+        if not arguments:
+            return f"{ctx.command_path} takes no arguments, got {shown_extra}"
+        names = " ".join(p.metavar or (p.name or "").upper() for p in arguments)
+        if len(arguments) == 1 and arguments[0].nargs == 1:
+            given = ctx.params.get(arguments[0].name)
+            whole = shlex.quote(" ".join(map(str, ([] if given is None else [given]) + extra)))
+            return (f"{ctx.command_path} takes one {names}, got {len(extra) + 1} arguments: "
+                    f"quote it as one argument, {ctx.command_path} {one_line(whole, 200)}")
+        return f"{ctx.command_path} takes {names}; unexpected extra argument(s): {shown_extra}"
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -122,7 +207,15 @@ class UsageWithEllipsis(TyperCommand):
         return pieces
 
 
-app = typer.Typer(
+class FmtTyper(typer.Typer):
+    """A Typer app whose commands are all ``UsageWithEllipsis`` commands (their usage
+    errors, metavars and usage lines), whether or not a command names the class."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or UsageWithEllipsis, **kwargs)
+
+
+app = FmtTyper(
     cls=OneLineErrors,
     rich_markup_mode=None,
     name="fmt",

@@ -1,0 +1,134 @@
+"""Issue 22's papercuts of the command line, as a new user meets them: what the parser says
+about a recipe given as a format, a mistyped option, an unquoted expression, an option
+without its value; the metavars of --help; the workers a machine can run; what tables and
+notes look like in a file, a pipe and a terminal; shell completion."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import typer
+from cli_helpers import assert_usage_error, invoke
+from typer.core import TyperArgument
+
+from fmtcli.choices import RECIPE_NAMES
+from fmtcli.cli import app
+
+
+def commands() -> dict:
+    """Every command's click command, by name (the whole group, as ``fmt --help`` builds)."""
+    return dict(typer.main.get_command(app).commands)
+
+
+def value_options(command) -> list[str]:
+    """The long names of a command's options that take a value."""
+    return [name for p in command.params if not isinstance(p, TyperArgument)
+            and not p.is_flag and not p.hidden for name in p.opts if name.startswith("--")]
+
+
+# -- a recipe is not a format ------------------------------------------------------------
+
+@pytest.mark.parametrize("recipe", RECIPE_NAMES)
+def test_a_recipe_given_as_a_format_names_the_recipe_option(recipe):
+    line = assert_usage_error(invoke("quantize", "--format", recipe), "unknown format",
+                              f"{recipe} is a recipe", f"--recipe {recipe}")
+    assert "did you mean" not in line
+
+
+@pytest.mark.parametrize("args", [["range", "MXFP8"], ["underflow", "1", "--format", "nvfp4"],
+                                  ["calc", "1+1", "--format", "fp16,mxfp4"],
+                                  ["scale-search", "--format", "mxfp6"],
+                                  ["check-backends", "nvfp4"]])
+def test_every_command_s_format_says_so_through_the_shared_parser(args):
+    assert_usage_error(invoke(*args), "is a recipe, not a format", "--recipe ")
+
+
+def test_the_library_says_it_with_the_parameter_s_name():
+    from fmtcli.errors import UnknownFormatError
+    from fmtcli.formats import get_format
+
+    with pytest.raises(UnknownFormatError, match=r"recipe='nvfp4'"):
+        get_format("nvfp4")
+
+
+# -- option typos ------------------------------------------------------------------------
+
+def typo(option: str) -> str:
+    """``--format`` -> ``--fromat``: two letters of the name swapped."""
+    name = option[2:]
+    i = 1 if len(name) > 2 else 0
+    return "--" + name[:i] + name[i + 1] + name[i] + name[i + 2:]
+
+
+WITH_VALUES = sorted(name for name, command in commands().items() if value_options(command))
+
+
+def test_every_command_has_fmt_s_command_class():
+    from fmtcli.cli.app import UsageWithEllipsis
+
+    assert all(isinstance(c, UsageWithEllipsis) for c in commands().values())
+    assert len(WITH_VALUES) >= len(commands()) - 1  # range: flags and arguments only
+
+
+@pytest.mark.parametrize("name", WITH_VALUES)
+def test_a_mistyped_option_of_every_command_suggests_the_right_one(name):
+    option = [o for o in value_options(commands()[name]) if len(o) >= 7][0]
+    line = assert_usage_error(invoke(name, typo(option), "1"), f"No such option: {typo(option)}",
+                              f"did you mean {option}?", f"(see 'fmt {name} --help')")
+    assert "Possible options" not in line
+
+
+def test_the_group_s_options_too():
+    assert_usage_error(invoke("--verison"), "did you mean --version?", "(see 'fmt --help')")
+
+
+def test_an_option_that_resembles_nothing_gets_no_guess():
+    line = assert_usage_error(invoke("kv", "--foo"), "No such option: --foo")
+    assert "did you mean" not in line
+
+
+def test_a_format_option_where_formats_are_arguments_says_so():
+    assert_usage_error(invoke("range", "--format", "fp8"),
+                       "FORMAT is an argument here, given without --format")
+
+
+@pytest.mark.parametrize("args", [["calc", "--fromat", "bf16", "1+1"],
+                                  ["underflow", "-5", "--fromat", "e4m3"]])
+def test_commands_whose_arguments_may_be_negative_suggest_too(args):
+    assert_usage_error(invoke(*args), "No such option: --fromat; did you mean --format?")
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+def test_an_unquoted_expression_is_told_to_be_quoted():
+    assert_usage_error(invoke("calc", "1", "+", "2^-9"), "fmt calc takes one EXPR",
+                       "got 3 arguments", "quote it", "fmt calc '1 + 2^-9'")
+
+
+def test_extra_arguments_say_what_the_command_takes():
+    assert_usage_error(invoke("compare", "a.npy", "b.npy", "c.npy"), "fmt compare takes REF TEST",
+                       "extra argument(s): c.npy")
+
+
+@pytest.mark.parametrize("name", WITH_VALUES)
+def test_an_option_without_its_value_points_to_the_command_s_help(name):
+    option = value_options(commands()[name])[-1]
+    assert_usage_error(invoke(name, option), f"'{option}' requires an argument",
+                       f"(see 'fmt {name} --help')")
+
+
+# -- help --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(commands()))
+def test_help_shows_no_click_type_names_as_metavars(name):
+    out = invoke(name, "--help").stdout
+    assert not re.search(r"<(int|float|text|integer)( range)?>", out), out
+
+
+def test_a_number_s_plain_metavar_is_n_and_its_range_stays_in_brackets():
+    out = invoke("quantize", "--help").stdout
+    for option in ("--seed", "--margin", "--chunk", "--axis"):
+        assert re.search(rf"^  {option} N  ", out, re.M), option
+    assert re.search(r"--margin N [^[]*\[0<=x<=64\]", out)
