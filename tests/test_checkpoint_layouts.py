@@ -8,6 +8,7 @@ facenet-pytorch wheel ships them) reads like the same tensors saved to .npz.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import assert_data_error, invoke, quantize_json, succeeds
+from cli_helpers import assert_data_error, assert_usage_error, invoke, quantize_json, succeeds
 from inputs import facenet_weights
 from oracle import heavy_tailed, write_safetensors
 
@@ -349,8 +350,11 @@ def test_a_bin_file_in_a_plain_folder_is_not_read(tmp_path):
 
 def test_an_explicit_bin_that_is_not_a_checkpoint_is_one_error_line(tmp_path):
     (tmp_path / "blob.bin").write_bytes(b"1 2 3")
-    assert_data_error(invoke("quantize", tmp_path / "blob.bin"), "blob.bin",
-                      "not a readable torch checkpoint")
+    result = invoke("quantize", tmp_path / "blob.bin")
+    if importlib.util.find_spec("torch") is None:  # a missing optional package: exit 2
+        assert_usage_error(result, "blob.bin", "needs torch", "pip install 'fmtcli[torch]'")
+    else:
+        assert_data_error(result, "blob.bin", "not a readable torch checkpoint")
 
 
 # -- a real public checkpoint ---------------------------------------------------------------------

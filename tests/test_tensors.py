@@ -7,6 +7,7 @@ writer that follows the published layout (and, where installed, by the safetenso
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import zipfile
 
@@ -16,6 +17,7 @@ import pytest
 from cli_helpers import (
     assert_data_error,
     assert_no_traceback,
+    assert_usage_error,
     invoke,
     only_scheme,
     quantize_json,
@@ -417,7 +419,12 @@ BAD = ["missing.npy", "truncated.npy", "truncated_header.npy", "tiny.npy", "garb
 def test_bad_input_is_one_error_line(tmp_path, name):
     _bad_files(tmp_path)
     result = invoke("quantize", tmp_path / name, "--json")
-    assert_data_error(result, name)
+    if name.endswith(".bin") and importlib.util.find_spec("torch") is None:
+        # without torch a .bin cannot be read at all: a missing optional package is exit 2,
+        # and the line says how to install it
+        assert_usage_error(result, name, "needs torch", "pip install 'fmtcli[torch]'")
+    else:
+        assert_data_error(result, name)
 
 
 def test_bad_input_among_good_ones_still_fails_cleanly(tmp_path, data):
