@@ -31,6 +31,10 @@ from .output import (
 )
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug in fmtcli
+#: the base class of the parser's errors: ``typer.TyperException`` from typer 0.27.3 on, the
+#: vendored Click's ``ClickException`` before (found through BadParameter, which both export)
+PARSER_ERROR = next(c for c in typer.BadParameter.__mro__
+                    if c.__name__ in ("TyperException", "ClickException"))
 
 
 class OneLineErrors(TyperGroup):
@@ -73,7 +77,7 @@ class OneLineErrors(TyperGroup):
         except BrokenPipeError:  # the reader of stdout went away (fmt ... | head): quietly
             _discard_stdout()
             return 1
-        except typer.TyperException as error:  # the parser's usage errors
+        except PARSER_ERROR as error:  # the parser's usage errors
             ctx = getattr(error, "ctx", None)
             if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
                 try:
@@ -162,7 +166,7 @@ class UsageWithEllipsis(TyperCommand):
         ctx.allow_extra_args = True  # extra arguments are refused below, in our words
         try:
             rest = super().parse_args(ctx, args)
-        except typer.TyperException as error:
+        except PARSER_ERROR as error:
             if getattr(error, "ctx", False) is None:  # click raised it without a context
                 error.ctx = error.cmd = ctx
             raise
