@@ -518,12 +518,49 @@ def render_quantize(result: QuantizeResult, per_tensor: bool = False, top: int =
     return Group(*parts) if len(parts) > 1 else parts[0]
 
 
+def _total_items(result: QuantizeResult, named: bool) -> list:
+    """The total's rows and, under them, the mean of its tensors' SQNR (in the SQNR
+    column): HeadedRows items; ``named``: the first under 'total of N values'."""
+    total = result.total or ()
+    if not total:
+        return []
+    counted = sum(t.in_total for t in result.quantized)
+    rows = [(f"total of {total[0].count:,} values" if named else None, None,
+             [(s.scheme.label, _stat_cells(s)) for s in total])]
+    sqnr = _ROW_STATS[3][0]
+    rows.append((f"mean of the {counted:,} tensors' SQNR", None, [
+        (s.scheme.label, [_mean_sqnr_text(s) if header == sqnr else ""
+                          for header, _ in _ROW_STATS]) for s in total]))
+    return rows
+
+
+def _mean_sqnr_text(s: SchemeStats) -> str:
+    mean = s.per_tensor_sqnr.mean if s.per_tensor_sqnr else math.nan
+    if math.isfinite(mean):
+        return f"{mean:.1f} dB"
+    return "-" if math.isnan(mean) else value_text(mean)
+
+
+def _total_caption(result: QuantizeResult) -> str:
+    """What a total's SQNR is, and which tensors it leaves out."""
+    left = [t for t in result.quantized if not t.in_total]
+    text = ("total SQNR: over all its values (energy-weighted: the tensors of the largest "
+            "values set it); mean: of its tensors' SQNR in dB")
+    if left:
+        kinds = ", ".join(dict.fromkeys((t.tensor.key or t.tensor.source).rsplit(".", 1)[-1]
+                                        for t in left))
+        text += (f"; {len(left):,} non-weight buffer{'' if len(left) == 1 else 's'} "
+                 f"({user_text(kinds)}) not in the total: --include-buffers counts them")
+    return text
+
+
 def _per_tensor_rows(result: QuantizeResult, caption: str) -> HeadedRows:
-    items = [(_tensor_name(t), f"({_shape_text(t.tensor.shape)})",
+    items = [(_tensor_name(t), f"({_shape_text(t.tensor.shape)}"
+              + ("" if t.in_total or not result.total else ", buffer") + ")",
               [(s.scheme.label, _stat_cells(s)) for s in t.schemes]) for t in result.quantized]
+    items += _total_items(result, named=True)
     if result.total:
-        items.append((f"total of {result.total[0].count:,} values", None,
-                      [(s.scheme.label, _stat_cells(s)) for s in result.total]))
+        caption += "; " + _total_caption(result)
     return HeadedRows("Quantization error per tensor", "scheme", _SHORT_HEADERS, items,
                       caption=caption)
 
@@ -551,11 +588,12 @@ def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
                                                          cells(t.schemes[-1]))])
                                for t in worst]))
     total = result.total or ()
+    counted = sum(t.in_total for t in quantized)
     parts.append(HeadedRows(
-        f"Total of {total[0].count:,} values in {n:,} tensors" if total else "Total",
-        "scheme", _SHORT_HEADERS, [(None, None, [(s.scheme.label, _stat_cells(s))
-                                                 for s in total])],
-        caption=caption + "; --per-tensor shows every tensor"))
+        f"Total of {total[0].count:,} values in {counted:,} tensors" if total else "Total",
+        "scheme", _SHORT_HEADERS, _total_items(result, named=False),
+        caption=caption + "; " + (_total_caption(result) + "; " if total else "")
+        + "--per-tensor shows every tensor"))
     hurt = [g for g in result.groups if g.schemes[-1].blocks is not None
             and (g.schemes[-1].blocks.flushing or g.schemes[-1].blocks.saturating)]
     with_blocks = sum(g.schemes[-1].blocks is not None for g in result.groups)

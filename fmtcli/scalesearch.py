@@ -34,6 +34,7 @@ from .backends import Backend, Device
 from .choices import HISTORY, Metric
 from .errors import UsageError, shown
 from .quantize import quantize_tensor, quantize_totals
+from .quantize.roles import counted_in_total
 from .quantize.chunk import chunk_amax
 from .quantize.engine import worker_count
 from .quantize.metrics import ErrorAccumulator
@@ -206,8 +207,9 @@ def _rule_candidates(base: Scheme, per_column: bool) -> tuple[list[tuple[str, Sc
 
 
 def _evaluate(sources: list[TensorSource], schemes: list[Scheme], **options) -> list[SchemeStats]:
-    """Statistics of each scheme over all the tensors (their total when there are several)."""
-    return quantize_totals(sources, schemes, **options)
+    """Statistics of each scheme over all the tensors (their total when there are several;
+    the buffer rule was applied by ``search_scales`` already)."""
+    return quantize_totals(sources, schemes, include_buffers=True, **options)
 
 
 def _mse_values(sources: list[TensorSource], schemes: list[Scheme], **options) -> list[float]:
@@ -328,10 +330,12 @@ def best_of(candidates: list[Candidate], metric: Metric) -> str | None:
 def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Metric.MSE, *,
                   history: int = HISTORY, first_axis: bool = False, seed: int = 0,
                   chunk_elements: int | None = None, workers: int | None = None,
-                  backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU
-                  ) -> ScaleSearchResult:
+                  backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
+                  include_buffers: bool = False) -> ScaleSearchResult:
     """Evaluate every candidate rule for ``base``'s format and granularity; the best by
-    ``metric`` (ties: the first listed)."""
+    ``metric`` (ties: the first listed).  The rules are ranked over the tensors less the
+    non-weight buffers (``quantize.roles.is_buffer``), as quantize's total leaves them out,
+    unless ``include_buffers`` (or every tensor is one); a note names what was left out."""
     if history < 1:
         raise UsageError(f"history={history}: an amax history must be >= 1 step long")
     options = {"seed": seed, "workers": workers, "backend": backend, "device": device}
@@ -354,6 +358,14 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
         return ScaleSearchResult(plain, metric, (), None, tensors, len(steps),
                                  ("nothing to quantize: no finite nonzero value in the "
                                   "input, so no scale rule has anything to rank",), skipped)
+    names = [s.name if s.key is None else s.key for s in quantizable]
+    counted = counted_in_total(names, include_buffers)
+    if len(counted) < len(quantizable):
+        left = [quantizable[i] for i in range(len(quantizable)) if i not in set(counted)]
+        notes.append(f"{len(left):,} non-weight buffer{'' if len(left) == 1 else 's'} "
+                     f"({_names(left)}) left out of the ranking: --include-buffers counts "
+                     "them")
+        quantizable = [quantizable[i] for i in counted]
     per_element = _per_element(base, quantizable)
     if per_element:
         why = (": a 1-D tensor is one row, so --per column gives each value its own scale"

@@ -126,6 +126,10 @@ def quantize_command(
         help="List each block scheme's K worst blocks (most values flushed, then largest "
         "relative error): tensor, block, amax, scale.  0..100000.")
     ] = 0,
+    include_buffers: Annotated[bool, typer.Option(
+        "--include-buffers", help="Count non-weight buffers in the total (BatchNorm's "
+        "running_mean, running_var, num_batches_tracked; moving_mean, moving_variance; "
+        "inv_freq): by default they are reported per tensor but left out of it.")] = False,
     csv_out: CsvOption = False,
     json_out: JsonOption = False,
 ) -> None:
@@ -183,12 +187,13 @@ def quantize_command(
             result = quantize_on_dask(sources, schemes, dask, seed=seed, chunk_elements=chunk,
                                       progress=progress, on_tensor=progress.tensor,
                                       backend=backend, device=device, product=product,
-                                      worst_blocks=worst_blocks, connected=note_dask)
+                                      worst_blocks=worst_blocks, connected=note_dask,
+                                      include_buffers=include_buffers)
         else:
             result = quantize(sources, schemes, seed=seed, chunk_elements=chunk,
                               workers=workers, progress=progress, on_tensor=progress.tensor,
                               out=out, backend=backend, device=device, product=product,
-                              worst_blocks=worst_blocks)
+                              worst_blocks=worst_blocks, include_buffers=include_buffers)
     finally:
         progress.close()
     if csv_out:

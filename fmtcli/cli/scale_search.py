@@ -62,6 +62,10 @@ def scale_search_command(
     device: DeviceOption = Device.CPU,
     product: ProductOption = Product.FLOAT32,
     workers: WorkersOption = None,
+    include_buffers: Annotated[bool, typer.Option(
+        "--include-buffers", help="Rank the rules over non-weight buffers too (BatchNorm's "
+        "running_mean, running_var; moving_mean, moving_variance; inv_freq): by default "
+        "they are left out, as quantize leaves them out of its total.")] = False,
     json_out: JsonOption = False,
 ) -> None:
     """Which scale should I use? Candidate scale rules side by side, the best marked.
@@ -103,5 +107,5 @@ def scale_search_command(
     note_skipped(sources)
     result = search_scales(sources, base, metric, history=history,
                            first_axis=over_first_axis, workers=workers, backend=backend,
-                           device=device)
+                           device=device, include_buffers=include_buffers)
     emit(result, json_out)

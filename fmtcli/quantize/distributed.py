@@ -459,8 +459,8 @@ def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address
                      backend: Backend | str = Backend.NUMPY,
                      device: Device | str = Device.CPU, product=None, worst_blocks: int = 0,
                      task_bytes: int = TASK_BYTES, timeout: float | None = None,
-                     connected: Callable[[dict], None] | None = None
-                     ) -> tuple[QuantizeResult, dict]:
+                     connected: Callable[[dict], None] | None = None,
+                     include_buffers: bool = False) -> tuple[QuantizeResult, dict]:
     """``engine.quantize`` on the Dask cluster at ``address`` (``local:N`` or a scheduler):
     the same ``QuantizeResult``, and ``where`` it ran (``connect``).  Options as
     ``quantize``'s (no ``out``; CPU casts only).  ``task_bytes``: the data a task reads.
@@ -485,7 +485,7 @@ def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address
         scan.start(client)
         result = quantize(sources, schemes, seed=seed, chunk_elements=chunk_elements,
                           on_tensor=on_tensor, worst_blocks=worst_blocks,
-                          run_tensor=scan.run_tensor)
+                          run_tensor=scan.run_tensor, include_buffers=include_buffers)
         where = dict(where, tasks=scan.tasks)
     except BaseException:
         scan.cancel()

@@ -48,9 +48,10 @@ from .results import (
     SchemeRun,
     SchemeStats,
     TensorResult,
+    TensorSqnr,
     top_blocks,
 )
-from .roles import roles_in_order
+from .roles import counted_in_total, is_buffer, roles_in_order
 from .stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, keep_freed_memory, matrix_shape
 from .writers import NpyWriter, codes_of, output_names, write_codes
 
@@ -429,13 +430,16 @@ class ChunkPass:
 
 
 def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],
-                    **options) -> list[SchemeStats]:
+                    include_buffers: bool = False, **options) -> list[SchemeStats]:
     """Each scheme's statistics over all the usable tensors: what ``quantize`` reports as
     its ``total`` (or, for one tensor, that tensor's), merged in the same order, without the
-    per-tensor and per-group results that a search of many candidates does not read.
+    per-tensor and per-group results that a search of many candidates does not read;
+    buffers (``roles.is_buffer``) left out as ``quantize`` leaves them out of its total.
     ``options``: those of ``quantize_tensor``."""
     keep_freed_memory()
     usable = [s for s in sources if s.skipped is None]
+    usable = [usable[i] for i in counted_in_total([name_of(s) for s in usable],
+                                                  include_buffers)]
     totals = [SchemeRun.empty(s) for s in schemes]
     for source in usable:
         runs, _ = quantize_tensor(source, schemes, **options)
@@ -446,13 +450,19 @@ def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],
     return [run.stats() for run in totals]
 
 
+def name_of(source: TensorSource) -> str:
+    """The name roles and the buffer rule read: the key, else the source's name."""
+    return source.name if source.key is None else source.key
+
+
 def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 0,
              chunk_elements: int = CHUNK_ELEMENTS, workers: int | None = None,
              progress: Progress | None = None, on_tensor: Callable[[str], None] | None = None,
              out: str | None = None, out_scheme: int = -1,
              backend: Backend | str = Backend.NUMPY, device: Device | str = Device.CPU,
              product: Product | str | None = None, worst_blocks: int = 0,
-             run_tensor: Callable | None = None) -> QuantizeResult:
+             run_tensor: Callable | None = None,
+             include_buffers: bool = False) -> QuantizeResult:
     """Quantize every usable tensor under every scheme; totals and groups by role.
 
     ``progress(done, total)`` counts bytes of the tensors' data (as stored) over all tensors;
@@ -469,6 +479,9 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
 
     With several tensors the result has a total per scheme; ``groups`` merges the tensors
     whose names differ only in layer indices (``roles``), exactly, in checkpoint order.
+    The total leaves out non-weight buffers (``roles.is_buffer``: BatchNorm's running
+    statistics, ...) unless ``include_buffers`` (or every tensor is one); each total also
+    carries the mean of its tensors' SQNR (``results.TensorSqnr``).
     """
     keep_freed_memory()
     schemes = with_product(schemes, product)
@@ -486,14 +499,18 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     tensors, coded = [], []
     names = dict(zip(map(id, usable), output_names(usable)))
     totals = [SchemeRun.empty(s) for s in schemes]
-    roles = roles_in_order([s.name if s.key is None else s.key for s in usable])
+    names = [name_of(s) for s in usable]
+    counted = set(counted_in_total(names, include_buffers))
+    buffers_in_total = any(is_buffer(names[i]) for i in counted)
+    tensor_sqnrs: list[list[float]] = [[] for _ in schemes]
+    roles = roles_in_order(names)
     role_of_tensor = {i: role for role, members in roles.items() for i in members}
     groups = {role: [SchemeRun.empty(s, histogram=False) for s in schemes] for role in roles}
     base = 0
     usable_index = 0
     for source in sources:
         if source.skipped is not None:
-            tensors.append(TensorResult(source.info(), ()))
+            tensors.append(TensorResult(source.info(), (), is_buffer(name_of(source)), False))
             continue
         index, usable_index = usable_index, usable_index + 1
         writer = sink = codes = None
@@ -528,9 +545,13 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
         base += sizes[index]
         for run in runs:
             run.worst[:, -1] = index  # the worst blocks' tensor, for the report
-        tensors.append(TensorResult(source.info(), tuple(run.stats() for run in runs)))
+        stats = tuple(run.stats() for run in runs)
+        tensors.append(TensorResult(source.info(), stats, is_buffer(names[index]),
+                                    index in counted))
         for i, run in enumerate(runs):
-            totals[i].merge(run, worst_blocks)
+            if index in counted:
+                totals[i].merge(run, worst_blocks)
+                tensor_sqnrs[i].append(stats[i].sqnr_db)
             groups[role_of_tensor[index]][i].merge(run)
         if writer is not None:
             writer.close()
@@ -542,7 +563,8 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
                            "shape": list(source.shape)}))
     if coded:
         write_codes(out, coded)
-    total = tuple(run.stats() for run in totals) if len(usable) > 1 else None
+    total = (tuple(replace(run.stats(), per_tensor_sqnr=TensorSqnr.of(sqnrs))
+                   for run, sqnrs in zip(totals, tensor_sqnrs)) if len(usable) > 1 else None)
     output = None if out is None else {"path": out, "scheme": schemes[keep].label,
                                        "content": "dequantized values" if to_npy
                                        else "codes and scales"}
@@ -554,4 +576,5 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
         WorstBlock(scheme.label, usable[int(row[-1])].name, int(row[2]), int(row[3]),
                    float(row[4]), float(row[5]), int(row[6]), int(row[0]), float(row[1]))
         for scheme, run in zip(schemes, totals) for row in run.worst)
-    return QuantizeResult(tuple(tensors), total, tuple(schemes), output, group_results, worst)
+    return QuantizeResult(tuple(tensors), total, tuple(schemes), output, group_results, worst,
+                          buffers_in_total=buffers_in_total)

@@ -144,6 +144,34 @@ class ScaleStats:
 
 
 @dataclass(frozen=True)
+class TensorSqnr:
+    """The mean of the tensors' SQNR in dB, beside a total's own SQNR (which is weighted by
+    energy: sum(x**2) over sum(err**2) of every value, so the tensor of the largest values
+    sets it).  Tensors without error (SQNR inf) are not averaged but counted in
+    ``lossless``; tensors of zeros (no SQNR) neither; one unbounded error (-inf) makes
+    the mean -inf."""
+
+    mean: float
+    tensors: int  # tensors averaged
+    lossless: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> TensorSqnr:
+        finite = [v for v in values if math.isfinite(v)]
+        lossless = sum(v == math.inf for v in values)
+        if any(v == -math.inf for v in values):
+            mean = -math.inf
+        elif finite:
+            mean = math.fsum(finite) / len(finite)
+        else:
+            mean = math.inf if lossless else math.nan
+        return cls(mean, len(finite), lossless)
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "tensors": self.tensors, "lossless": self.lossless}
+
+
+@dataclass(frozen=True)
 class SchemeStats:
     """Statistics of one tensor (or the total) under one scheme (as applied to the tensor)."""
 
@@ -170,6 +198,7 @@ class SchemeStats:
     scale_log2_histogram: dict[int, int] | None = None
     blocks: BlockStats | None = None  # per-block facts (None: scales span the tensor, CUDA)
     above_max: int = 0  # |x * scale| > max: saturated, overflowed, and those rounding to max
+    per_tensor_sqnr: TensorSqnr | None = None  # totals: the mean of the tensors' SQNR
 
     @classmethod
     def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary,
@@ -239,6 +268,8 @@ class SchemeStats:
         out["scale_log2_histogram"] = (None if self.scale_log2_histogram is None else
                                        {str(e): n for e, n in self.scale_log2_histogram.items()})
         out["blocks"] = None if self.blocks is None else self.blocks.to_dict()
+        out["per_tensor_sqnr_db"] = (None if self.per_tensor_sqnr is None
+                                     else self.per_tensor_sqnr.to_dict())
         return out
 
 
@@ -326,10 +357,14 @@ class GroupResult:
 
 @dataclass(frozen=True)
 class TensorResult:
-    """One input tensor: where it came from, and its statistics per scheme (or why not)."""
+    """One input tensor: where it came from, and its statistics per scheme (or why not);
+    ``buffer``: a non-weight buffer by name (``roles.is_buffer``); ``in_total``: whether
+    the total counts it."""
 
     tensor: TensorInfo
     schemes: tuple[SchemeStats, ...]
+    buffer: bool = False
+    in_total: bool = True
 
     @property
     def skipped(self) -> str | None:
@@ -340,6 +375,8 @@ class TensorResult:
         """The tensor's keys, then ``skipped`` (why it was left out, or null) and
         ``schemes`` (empty for a skipped tensor): every key always present."""
         out = self.tensor.to_dict()
+        out["buffer"] = self.buffer
+        out["in_total"] = self.in_total and not self.skipped
         out["skipped"] = self.skipped
         out["schemes"] = [s.to_dict() for s in self.schemes] if not self.skipped else []
         return out
@@ -357,6 +394,7 @@ class QuantizeResult:
     groups: tuple[GroupResult, ...] = ()  # by role, in checkpoint order
     worst_blocks: tuple[WorstBlock, ...] = ()  # per scheme, worst first (when asked for)
     ran_on: dict | None = None  # a Dask run: where (``distributed.connect``); else None
+    buffers_in_total: bool = False  # the total counts the buffers (asked, or all are)
 
     @property
     def quantized(self) -> list[TensorResult]:
@@ -369,6 +407,7 @@ class QuantizeResult:
             "schemes": [s.to_dict() for s in self.schemes],
             "tensors": [t.to_dict() for t in self.tensors],
             "total": [s.to_dict() for s in self.total] if self.total else None,
+            "buffers_in_total": self.buffers_in_total,
         }
         if self.output:
             out["output"] = self.output

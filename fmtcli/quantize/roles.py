@@ -25,3 +25,29 @@ def roles_in_order(names: list[str]) -> dict[str, list[int]]:
     for i, name in enumerate(names):
         out.setdefault(role_of(name), []).append(i)
     return out
+
+
+# Tensors that a state dict holds beside the weights but that no recipe quantizes: running
+# statistics of normalisation layers and fixed tables.  By the last dotted part of the name:
+# BatchNorm's ``running_mean``/``running_var``/``num_batches_tracked`` (torch.nn, which
+# registers them as buffers), Keras' ``moving_mean``/``moving_variance``, and the rotary
+# embeddings' ``inv_freq`` (a buffer in Hugging Face's Llama-family models).  Their values
+# say nothing about a format's error on weights (a running_var of 5e5 can hold 99% of a
+# checkpoint's sum of squares), so totals leave them out unless asked.
+BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked", "moving_mean",
+                "moving_variance", "inv_freq")
+
+
+def is_buffer(name: str) -> bool:
+    """Whether a tensor name (a checkpoint key) is one of ``BUFFER_NAMES``' buffers: its
+    last dotted part is one of them (``bn1.running_var``, ``running_var``)."""
+    return name.rsplit(".", 1)[-1] in BUFFER_NAMES
+
+
+def counted_in_total(names: list[str], include_buffers: bool = False) -> list[int]:
+    """Indices of the names a total covers: all with ``include_buffers``, else those that
+    are not buffers (``is_buffer``) -- or all, where every one is a buffer."""
+    every = list(range(len(names)))
+    if include_buffers:
+        return every
+    return [i for i in every if not is_buffer(names[i])] or every
