@@ -8,6 +8,7 @@ nothing else, so the command line builds its parser -- and answers ``fmt --versi
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 
 
@@ -125,6 +126,17 @@ CHUNK_ELEMENTS = 1 << 18
 HISTORY = 1024
 #: Above this many tensors, ``fmt quantize``'s table is a summary (roles, worst, total).
 SUMMARY_ABOVE = 8
+
+
+def cores_available() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's count):
+    the most worker processes ``--workers`` and ``--dask local:N`` start here."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
 #: What ``fmt range`` and ``fmt underflow`` show by default: the article's six formats.
 ARTICLE_FORMATS = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                    "float8_e5m2")

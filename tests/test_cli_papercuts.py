@@ -132,3 +132,42 @@ def test_a_number_s_plain_metavar_is_n_and_its_range_stays_in_brackets():
     for option in ("--seed", "--margin", "--chunk", "--axis"):
         assert re.search(rf"^  {option} N  ", out, re.M), option
     assert re.search(r"--margin N [^[]*\[0<=x<=64\]", out)
+
+
+# -- workers -----------------------------------------------------------------------------
+
+def test_workers_are_bounded_by_the_cores_available(tmp_path):
+    from fmtcli.choices import cores_available
+
+    cores = cores_available()
+    for name in ("quantize", "scale-search", "loss-scale", "compare"):
+        assert_usage_error(invoke(name, "--workers", str(cores + 1)),
+                           f"--workers {cores + 1}: give 1 to {cores}", "cores available")
+        assert_usage_error(invoke(name, "--workers", "1024"), f"give 1 to {cores}")
+    assert invoke("quantize", "--workers", str(cores), "--json").exit_code == 0
+
+
+def test_cores_available_is_the_affinity_mask():
+    from fmtcli.choices import cores_available
+    from fmtcli.quantize.parallel import MAX_DEFAULT_WORKERS, default_workers
+
+    if hasattr(os, "sched_getaffinity"):
+        assert cores_available() == len(os.sched_getaffinity(0))
+    assert default_workers() == min(MAX_DEFAULT_WORKERS, cores_available())
+
+
+def test_dask_local_workers_are_bounded_by_the_cores_available(tmp_path):
+    from fmtcli.choices import cores_available
+    from fmtcli.errors import UsageError
+    from fmtcli.quantize.distributed import parse_address
+
+    cores = cores_available()
+    assert parse_address(f"local:{cores}") == ("local", cores)
+    with pytest.raises(UsageError, match=rf"1 <= N <= {cores} \(the cores available"):
+        parse_address("local:1024")
+    pytest.importorskip("distributed")
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.ones(8, np.float32))
+    assert_usage_error(invoke("quantize", tmp_path / "x.npy", "--dask", f"local:{cores + 1}"),
+                       f"1 <= N <= {cores}")

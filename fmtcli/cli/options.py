@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ..choices import Backend, Device, Granularity, OverflowPolicy, Product, RoundingMode, ScaleRule
+from ..choices import (
+    Backend,
+    Device,
+    Granularity,
+    OverflowPolicy,
+    Product,
+    RoundingMode,
+    ScaleRule,
+    cores_available,
+)
 from ..errors import UsageError, shown
 
 if TYPE_CHECKING:
@@ -70,10 +79,22 @@ AxisOption = Annotated[Optional[int], typer.Option(
 KeyOption = Annotated[Optional[list[str]], typer.Option(
     "--key", metavar="NAME", help="Only these tensors of a checkpoint (name or glob; "
     "repeatable).")]
-MAX_WORKERS = 1024
+
+
+def check_workers(workers: int | None) -> int | None:
+    """--workers N: 1 to the cores this process may use (more processes than cores only
+    compete for them: a typo such as 1024 would fork a thousand)."""
+    if workers is not None:
+        most = cores_available()
+        if not 1 <= workers <= most:
+            raise UsageError(f"--workers {workers}: give 1 to {most} (the cores available "
+                             "here)")
+    return workers
+
+
 WorkersOption = Annotated[Optional[int], typer.Option(
-    "--workers", min=1, max=MAX_WORKERS, help="Worker processes, 1..1024.  [default: the "
-    "cores available, at most 8]", show_default=False)]
+    "--workers", metavar="N", callback=check_workers, help="Worker processes, 1 to the cores "
+    "available.  [default: the cores available, at most 8]", show_default=False)]
 SEED_MAX = 2**64 - 1
 SeedOption = Annotated[int, typer.Option(
     "--seed", min=0, max=SEED_MAX, help="Seed of stochastic rounding, 0..2**64-1.")]

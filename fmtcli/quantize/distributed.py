@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..backends import Backend, Device, resolve
+from ..choices import cores_available
 from ..errors import DataError, FmtError, UsageError, shown
 from ..schemes import Scheme
 from ..tensors import TensorSource, numpy_dtype
@@ -59,7 +60,6 @@ INSTALL = "pip install 'fmtcli[dask]'"
 TASK_BYTES = 64 << 20  # data per task: long enough to hide a task's ~1 ms of overhead
 TASK_TENSORS = 256  # whole tensors per task at most (each costs ~1 ms however small)
 CONNECT_TIMEOUT = 10.0  # seconds to reach a scheduler
-MAX_LOCAL_WORKERS = 1024
 _ADDRESS = re.compile(r"(?:(tcp|tls)://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
 
 
@@ -79,9 +79,11 @@ def parse_address(address: str) -> tuple[str, int | None]:
     text = address.strip()
     if text.lower().startswith("local:"):
         count = text[len("local:"):]
-        if not (count.isdigit() and 1 <= int(count) <= MAX_LOCAL_WORKERS):
+        most = cores_available()  # more processes than cores only compete for them
+        if not (count.isdigit() and 1 <= int(count) <= most):
             raise UsageError(f"dask={shown(address)}: local:N starts N worker processes "
-                             f"here, 1 <= N <= {MAX_LOCAL_WORKERS} (e.g. local:4)")
+                             f"here, 1 <= N <= {most} (the cores available; e.g. "
+                             f"local:{most})")
         return "local", int(count)
     match = _ADDRESS.fullmatch(text)
     if match is None or not 1 <= int(match[3]) <= 65535:

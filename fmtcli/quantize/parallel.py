@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..choices import cores_available
 from ..errors import DataError, FmtError
 
 _ERROR_BYTES = 4096
@@ -53,11 +54,7 @@ MAX_DEFAULT_WORKERS = 8  # past ~8 processes the chunks' memory traffic, not cor
 
 def default_workers() -> int:
     """One worker per core the process may use (at most ``MAX_DEFAULT_WORKERS``)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_DEFAULT_WORKERS, cores))
+    return min(MAX_DEFAULT_WORKERS, cores_available())
 
 
 def _pidfds(pids: list[int]) -> dict[int, int]:
