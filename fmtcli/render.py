@@ -362,6 +362,8 @@ _STAT_ROWS = [
      + f", {s.scheme.scale_format.value}"),
     ("flushed to zero", lambda s: _count_pct(s.flushed, s.flushed_fraction)),
     ("median rel error", lambda s: percent_text(s.median_rel_error)),
+    ("median outside amax block", lambda s: "-" if s.median_rel_error_outside_amax_block is None
+     else percent_text(s.median_rel_error_outside_amax_block)),
     ("p99 rel error", lambda s: percent_text(s.p99_rel_error)),
     ("max abs error", lambda s: value_text(s.max_abs_error, 4)),
     ("RMSE", lambda s: value_text(s.rmse, 4)),

@@ -296,6 +296,13 @@ class ChunkPass:
         self.block_records = work_array((len(chunks), len(plans),
                                          len(BlockAccumulator.PACKED)), np.int64, forks)
         self.fractions = work_array((n_workers, len(plans), FRACTION_BINS), np.int64, forks)
+        # the block holding the tensor's amax (per worker: the largest block amax it met,
+        # the first in the tensor among equals): (amax, block row, block column, nonzero)
+        # and the histogram of its relative errors, for the median outside it
+        self.top = work_array((n_workers, len(plans), 4), np.float64, forks)
+        self.top[..., 0] = -1.0  # no block yet (an amax is >= 0; NaN never wins)
+        self.top_hists = (None if mse_only else
+                          work_array((n_workers, len(plans), HIST_BINS), np.int64, forks))
         # a chunk cannot hold more blocks than values: the rows kept per chunk are bounded
         # by its size, whatever --worst-blocks asks for
         self.per_chunk = min(worst, max((-(-(rs.stop - rs.start) // p.tile[0]))
@@ -343,9 +350,43 @@ class ChunkPass:
                     self.worst_rows[index, i] = chunk_worst(
                         facts.flushed, facts.max_rel, facts.amax, facts.scale, facts.sizes,
                         first_row, first_col, self.per_chunk)
+                self._take_top(x, rs, cs, i, worker, kernel, facts.amax, first_row, first_col)
             if kept is not None and sink is not None:
                 sink(rs, cs, kept)
         return x.size
+
+    def _take_top(self, x, rs, cs, i, worker, kernel, amax, first_row, first_col) -> None:
+        """Keep the chunk's block of the largest amax (the first among equals) where it
+        beats the worker's: its place, and its relative errors' histogram from the same
+        kernel run on that block alone (chunk results do not depend on the chunking)."""
+        if self.top_hists is None or not amax.size:
+            return
+        ranked = np.where(np.isnan(amax), -1.0, amax.astype(np.float64))
+        r, c = np.unravel_index(int(np.argmax(ranked)), amax.shape)  # first of the largest
+        found = (float(ranked[r, c]), first_row + r, first_col + c)
+        if not better(found, tuple(self.top[worker, i, :3])):
+            return
+        tr, tc = self.plans[i].tile
+        block = np.ascontiguousarray(x[r * tr:(r + 1) * tr, c * tc:(c + 1) * tc])
+        hist = np.zeros(HIST_BINS, np.int64)
+        acc, _, _, _ = kernel.run(block, (rs.start + r * tr, cs.start + c * tc, self.cols),
+                                  hist, None, {})
+        self.top[worker, i] = (*found, acc.nonzero)
+        self.top_hists[worker, i] = hist
+
+    def top_block(self, i: int) -> tuple[np.ndarray, int] | None:
+        """Plan ``i``'s block holding the tensor's amax: (its histogram, its nonzero
+        count), or None where no block was seen."""
+        if self.top_hists is None:
+            return None
+        best = None
+        for w in range(len(self.top)):
+            if self.top[w, i, 0] >= 0 and (best is None or better(
+                    tuple(self.top[w, i, :3]), tuple(self.top[best, i, :3]))):
+                best = w
+        if best is None:
+            return None
+        return self.top_hists[best, i], int(self.top[best, i, 3])
 
     def grid_rows(self, i: int, first: int, stop: int) -> np.ndarray:
         """The part of plan ``i``'s scale grid that chunks ``first`` .. ``stop - 1`` wrote
@@ -365,6 +406,9 @@ class ChunkPass:
                 "fractions": self.fractions[0],
                 "hists": None if self.hists is None else self.hists[0],
                 "worst_rows": None if self.worst_rows is None else self.worst_rows[first:stop],
+                "top": self.top[0].copy(),
+                "top_hists": None if self.top_hists is None else [
+                    (np.flatnonzero(h), h[np.flatnonzero(h)]) for h in self.top_hists[0]],
                 "scales": []}
         for i, plan in enumerate(self.plans):
             if plan.is_global or self.mse_only:
@@ -386,6 +430,13 @@ class ChunkPass:
             self.hists[0] += part["hists"]
         if self.worst_rows is not None:
             self.worst_rows[first:stop] = part["worst_rows"]
+        if self.top_hists is not None:
+            for i, (keys, counts) in enumerate(part["top_hists"]):
+                if part["top"][i, 0] >= 0 and better(tuple(part["top"][i, :3]),
+                                                     tuple(self.top[0, i, :3])):
+                    self.top[0, i] = part["top"][i]
+                    self.top_hists[0, i] = 0
+                    self.top_hists[0, i, keys] = counts
         for (summary, exponents), found in zip(self.scale_parts, part["scales"]):
             if found is not None:
                 summary.merge(found[0])
@@ -417,6 +468,15 @@ class ChunkPass:
                 run.blocks = BlockAccumulator(1, int(acc.flushed > 0), int(acc.saturated > 0),
                                               fraction_counts(np.array([acc.flushed]),
                                                               np.array([max(acc.count, 1)])))
+                run.amax_blocks = [(np.flatnonzero(acc.hist), acc.hist[acc.hist > 0])]
+                run.amax_block_nonzero = acc.nonzero
+            elif not plan.is_global:
+                top = self.top_block(i)
+                if top is not None:
+                    keys = np.flatnonzero(top[0])
+                    run.amax_blocks, run.amax_block_nonzero = [(keys, top[0][keys])], top[1]
+                else:  # no block at all (no values): nothing to leave out
+                    run.amax_blocks = []
             if not plan.is_global:
                 run.blocks = BlockAccumulator(*(int(v) for v in
                                                 self.block_records[:, i].sum(axis=0)),
@@ -427,6 +487,12 @@ class ChunkPass:
                                                           axis=1), self.worst)
             results.append(run)
         return results
+
+
+def better(a: tuple, b: tuple) -> bool:
+    """Whether block ``a`` = (amax, row, column) outranks ``b`` as the block holding a
+    tensor's amax: a larger amax, or the same amax earlier in the tensor."""
+    return a[0] > b[0] or (a[0] == b[0] and (a[1], a[2]) < (b[1], b[2]))
 
 
 def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],

@@ -20,7 +20,13 @@ from .blocks import (
     WorstBlock,
     log2_histogram,
 )
-from .metrics import HIST_BINS, REL_ERROR_RESOLUTION, ErrorAccumulator, scaled_sum
+from .metrics import (
+    HIST_BINS,
+    REL_ERROR_RESOLUTION,
+    ErrorAccumulator,
+    histogram_quantile,
+    scaled_sum,
+)
 
 DISTINCT_CAP = 1 << 16
 
@@ -199,11 +205,15 @@ class SchemeStats:
     blocks: BlockStats | None = None  # per-block facts (None: scales span the tensor, CUDA)
     above_max: int = 0  # |x * scale| > max: saturated, overflowed, and those rounding to max
     per_tensor_sqnr: TensorSqnr | None = None  # totals: the mean of the tensors' SQNR
+    # the median relative error over the blocks that do not hold the tensor's amax (a
+    # total: each tensor's amax block left out); None where blocks are not known
+    median_rel_error_outside_amax_block: float | None = None
 
     @classmethod
     def from_accumulator(cls, scheme, acc: ErrorAccumulator, scales: ScaleSummary,
                          exponents: np.ndarray | None = None,
-                         blocks: BlockAccumulator | None = None) -> SchemeStats:
+                         blocks: BlockAccumulator | None = None,
+                         outside: float | None = None) -> SchemeStats:
         """The statistics of an accumulator.  An inf/NaN result of a finite input is an
         unbounded error (``metrics``): then mse/rmse/max_abs_error are inf, sqnr_db -inf and
         bias NaN, rather than figures over the finite results that would look better."""
@@ -233,7 +243,8 @@ class SchemeStats:
             max_abs_error=max_abs, rmse=rmse, mse=mse, sqnr_db=sqnr, bias=bias,
             scales=scales.stats(),
             scale_log2_histogram=None if exponents is None else log2_histogram(exponents),
-            blocks=None if blocks is None else blocks.stats(), above_max=acc.above_max)
+            blocks=None if blocks is None else blocks.stats(), above_max=acc.above_max,
+            median_rel_error_outside_amax_block=outside)
 
     @property
     def saturated_fraction(self) -> float:
@@ -263,7 +274,8 @@ class SchemeStats:
             "count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flushed_fraction",
             "saturated", "saturated_fraction", "above_max", "above_max_fraction",
             "overflowed", "overflowed_fraction", "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
-            "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution")})
+            "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution",
+            "median_rel_error_outside_amax_block")})
         out["scales"] = self.scales.to_dict()
         out["scale_log2_histogram"] = (None if self.scale_log2_histogram is None else
                                        {str(e): n for e, n in self.scale_log2_histogram.items()})
@@ -288,6 +300,10 @@ class SchemeRun:
     blocks: BlockAccumulator | None = None
     worst: np.ndarray = field(default_factory=lambda: np.zeros((0, len(WORST_FIELDS) + 1)))
     sparse: list | None = None  # (bins, counts) of merged histograms, where kept sparse
+    # (bins, counts) of the relative errors in each tensor's block holding its amax, and
+    # their nonzero inputs: left out of the median outside it (None: blocks not known)
+    amax_blocks: list | None = None
+    amax_block_nonzero: int = 0
 
     @classmethod
     def empty(cls, scheme: Scheme, histogram: bool = True) -> SchemeRun:
@@ -296,7 +312,7 @@ class SchemeRun:
         return cls(scheme, ErrorAccumulator(hist=np.zeros(HIST_BINS, np.int64) if histogram
                                             else None), ScaleSummary(),
                    np.zeros(EXP_BINS, np.int64), BlockAccumulator(),
-                   sparse=None if histogram else [])
+                   sparse=None if histogram else [], amax_blocks=[])
 
     def merge(self, other: SchemeRun, worst: int = 0) -> None:
         """Add another run (keeping the ``worst`` worst blocks of both)."""
@@ -315,6 +331,11 @@ class SchemeRun:
             self.blocks = None
         if worst:
             self.worst = top_blocks(np.concatenate([self.worst, other.worst]), worst)
+        if self.amax_blocks is not None and other.amax_blocks is not None:
+            self.amax_blocks = self.amax_blocks + other.amax_blocks
+            self.amax_block_nonzero += other.amax_block_nonzero
+        else:
+            self.amax_blocks = None
 
     def stats(self) -> SchemeStats:
         acc = self.acc
@@ -322,8 +343,14 @@ class SchemeRun:
             acc = replace(acc, hist=np.zeros(HIST_BINS, np.int64))
             for keys, counts in self.sparse:
                 acc.hist[keys] += counts
+        outside = None
+        if self.amax_blocks is not None and acc.hist is not None:
+            hist = acc.hist.copy()
+            for keys, counts in self.amax_blocks:
+                hist[keys] -= counts
+            outside = histogram_quantile(hist, acc.nonzero - self.amax_block_nonzero, 0.5)
         return SchemeStats.from_accumulator(self.scheme, acc, self.scales, self.exponents,
-                                            self.blocks)
+                                            self.blocks, outside)
 
 
 def top_blocks(rows: np.ndarray, k: int) -> np.ndarray:
