@@ -8,8 +8,11 @@ Three independent references:
   cross-checked against ``fractions.Fraction`` arithmetic);
 - properties (hypothesis): idempotence, monotonicity, error bounds, stochastic rounding.
 
-The deliberate differences from ml_dtypes (NaN in formats without NaN, float64 inputs rounded once
-rather than through float32, E8M0's rounding of float32 subnormals) are tested as such.
+The deliberate differences from ml_dtypes (NaN in formats without NaN; float64 inputs rounded once
+where ml_dtypes before 0.7 goes through float32; E8M0's float32 subnormals, which ml_dtypes before
+0.7 rounds up, and its ties, which 0.5 sends to the even code) are tested as such: what the
+installed ml_dtypes does is found by casting (``peer_behaviour``), never assumed from its version,
+so these tests hold for every release pyproject allows.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
+import peer_behaviour as peer
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -48,7 +52,7 @@ SR = RoundingMode.STOCHASTIC
 DETERMINISTIC = (NE, NA, TZ, UP, DN)
 NEAREST = (NE, NA)
 
-#: ml_dtypes casts float64 -> float32 -> format; float16 uses numpy's direct cast instead.
+#: ml_dtypes before 0.7 casts float64 -> float32 -> format; float16 is numpy's direct cast.
 DOUBLE_ROUNDING_FORMATS = [name for name in ML_FORMATS if name not in ("float32", "float16")]
 
 
@@ -147,12 +151,24 @@ INPUTS = {
 
 
 def known_difference(name: str, x32: np.ndarray) -> np.ndarray:
-    """Where our result differs from ml_dtypes' on purpose (each class is checked below)."""
+    """Where our result differs from the installed ml_dtypes' on purpose (each class is
+    checked below)."""
     if name in NO_NAN:
         return np.isnan(x32)  # ours: NaN; ml_dtypes: a zero
     if name == E8M0:
-        return (x32 > 2.0**-127) & (x32 < 1.5 * 2.0**-127)  # ours: 2**-127; ml_dtypes: 2**-126
+        return peer.e8m0_differences(x32)[0]  # what this release does (peer_behaviour)
     return np.zeros(x32.shape, bool)
+
+
+def e8m0_engine_values(x32: np.ndarray) -> np.ndarray:
+    """The engine's E8M0 value of positive float32 inputs, from its definition: the nearest
+    power of two in [2**-127, 2**127], a tie 1.5 * 2**k up to 2**(k+1), NaN past the top
+    (only for the inputs of ``peer.e8m0_differences``: subnormals and ties)."""
+    a = x32.astype(np.float64)
+    mantissa, exponent = np.frexp(a)
+    up = np.where(mantissa >= 0.75, np.ldexp(1.0, exponent), np.ldexp(1.0, exponent - 1))
+    up = np.maximum(up, 2.0**-127)
+    return np.where(up > 2.0**127, np.nan, up).astype(np.float32)
 
 
 # -- bit-exact agreement with ml_dtypes -----------------------------------------------------
@@ -173,8 +189,9 @@ def test_round_matches_ml_dtypes_bit_exact(name, source):
         assert np.isnan(ours[known]).all()
         assert (ref[known] == 0).all()
     elif name == E8M0:
-        assert (ours[known] == 2.0**-127).all()
-        assert (ref[known] == 2.0**-126).all()
+        alternative = peer.e8m0_differences(x32)[1]
+        assert_same_bits(ours[known], e8m0_engine_values(x32[known]), x32[known], "engine")
+        assert_same_bits(ref[known], alternative[known], x32[known], "ml_dtypes")
 
 
 @pytest.mark.parametrize("source", sorted(INPUTS))
@@ -194,15 +211,17 @@ def test_encode_matches_ml_dtypes_codes(name, source):
         # NaN has no code: encode writes ml_dtypes' (zero) code, so every code agrees
         np.testing.assert_array_equal(codes, ref_codes)
         return
-    nan = np.isnan(ours)
+    nan = np.isnan(ours) & ~known
     check = ~nan & ~known
     np.testing.assert_array_equal(codes[check], ref_codes[check])
     # NaN payloads may differ; both codes must be NaN codes
     assert np.isnan(decode(codes[nan], spec)).all()
     assert np.isnan(ref_codes[nan].view(spec.ml_dtype).astype(np.float32)).all()
-    assert np.array_equal(nan, np.isnan(ml_cast(x, spec)))
+    assert np.array_equal(nan, np.isnan(ml_cast(x, spec)) & ~known)
     if name == E8M0:
-        assert (codes[known] == 0).all() and (ref_codes[known] == 1).all()
+        alternative = peer.e8m0_differences(x32)[1]
+        np.testing.assert_array_equal(ref_codes[known], encode(alternative[known], spec))
+        np.testing.assert_array_equal(codes[known], encode(e8m0_engine_values(x32[known]), spec))
 
 
 @pytest.mark.parametrize("name", ["float32", "float16"])
@@ -280,17 +299,19 @@ def test_nan_in_format_without_nan_stays_nan_while_ml_dtypes_stores_zero(name):
     assert np.isnan(round_to_format(np.array([np.nan]), spec)).all()
 
 
-# -- deliberate difference 2: float64 rounded once, ml_dtypes goes through float32 -----------
+# -- deliberate difference 2: float64 rounded once; ml_dtypes before 0.7 goes through float32 --
 
-def test_68_00000357_rounds_to_72_in_e4m3fn_where_ml_dtypes_gives_64():
+def test_68_00000357_rounds_to_72_in_e4m3fn_where_ml_dtypes_before_0_7_gives_64():
     spec = REGISTRY["float8_e4m3fn"]
     x = np.array([68.00000357])
     assert np.float32(x[0]) == 68.0  # float32 loses the offset: 68 is the 64/72 tie
     ours = round_to_format(x, spec)
     assert ours.dtype == np.float64
     assert ours[0] == 72.0
-    assert ml_cast(x, spec, np.float64)[0] == 64.0
     assert round_to_format(np.array([68.0]), spec)[0] == 64.0  # the exact tie goes to even
+    # ml_dtypes: 64 through float32 (before 0.7), 72 rounded once (0.7 on)
+    twice = peer.rounds_float64_through_float32("float8_e4m3fn")
+    assert ml_cast(x, spec, np.float64)[0] == (64.0 if twice else 72.0)
 
 
 @pytest.mark.parametrize("rel", [2.0**-30, 2.0**-40, 2.0**-50])
@@ -312,26 +333,37 @@ def test_float64_just_off_a_tie_is_rounded_once(name, rel):
     ml = ml_cast(x, spec, np.float64)
     if name == "float16":
         assert_same_bits(ml, expected, x, "numpy float64->float16")
-    else:
-        # ml_dtypes' answer is the float32 tie's, rounded to even
-        assert_same_bits(ml, oracle_round(x32.astype(np.float64), v, NE, spec), x, "ml_dtypes")
+    elif peer.rounds_float64_through_float32(name):
+        # ml_dtypes before 0.7: its answer is the float32 tie's (by its own tie rule)
+        assert_same_bits(ml, ml_cast(x32, spec, np.float32).astype(np.float64), x, "ml_dtypes")
         assert (ml != ours).sum() >= len(mids) // 3
+    else:
+        # ml_dtypes 0.7 on: rounded once, as the engine
+        assert_same_bits(ml, expected, x, "ml_dtypes")
 
 
-# -- deliberate difference 3: E8M0 and float32 subnormals ---------------------------------
+# -- deliberate difference 3: E8M0's float32 subnormals (before 0.7) and ties (0.5) ---------
 
-def test_e8m0_mismatches_over_every_bfloat16_are_exactly_the_subnormal_class():
+def test_e8m0_mismatches_over_every_bfloat16_are_exactly_the_known_classes():
     spec = REGISTRY[E8M0]
     x = every_bfloat16()
     x32 = x.astype(np.float32)
     ours, ref = round_to_format(x, spec), ml_cast(x, spec)
     mismatch = ~same_bits(ours, ref)
-    cls = (x32 > 2.0**-127) & (x32 < 1.5 * 2.0**-127)
-    np.testing.assert_array_equal(mismatch, cls)
-    assert cls.sum() == 31  # 2**-127 * (1 + k/64), k = 1..31
-    assert (ours[cls] == 2.0**-127).all() and (ref[cls] == 2.0**-126).all()
+    sub = (x32 > 2.0**-127) & (x32 < 1.5 * 2.0**-127)
+    assert sub.sum() == 31  # 2**-127 * (1 + k/64), k = 1..31
     # ours is the nearest: below the midpoint 1.5 * 2**-127
-    assert (np.abs(x32[cls] - 2.0**-127) < np.abs(x32[cls] - 2.0**-126)).all()
+    assert (ours[sub] == 2.0**-127).all()
+    assert (np.abs(x32[sub] - 2.0**-127) < np.abs(x32[sub] - 2.0**-126)).all()
+    with np.errstate(invalid="ignore"):
+        ties = (np.frexp(np.abs(x32))[0] == 0.75) & (x32 >= 2.0**-126) & (x32 < 2.0**127)
+    assert ties.sum() == 253  # 1.5 * 2**k, k = -126..126 (1.5 * 2**127 rounds up past max)
+    assert (ours[ties] == x32[ties].astype(np.float64) * 4 / 3).all()  # up in magnitude
+    # what ml_dtypes does here is this release's (peer_behaviour), and nothing else differs
+    expected_mismatch = peer.e8m0_differences(x32)[0]
+    np.testing.assert_array_equal(mismatch, expected_mismatch)
+    assert (mismatch & sub).sum() == (31 if peer.e8m0_subnormals_round_up() else 0)
+    assert (mismatch & ties).sum() == (126 if peer.e8m0_ties_to_even_code() else 0)
 
 
 def test_e8m0_boundaries_of_the_subnormal_class():
@@ -342,7 +374,24 @@ def test_e8m0_boundaries_of_the_subnormal_class():
                  np.float32)
     a, b = 2.0**-127, 2.0**-126
     np.testing.assert_array_equal(round_to_format(x, spec), np.array([a, a, a, b], np.float32))
-    np.testing.assert_array_equal(ml_cast(x, spec), np.array([a, b, b, b], np.float32))
+    ml = [a, b, b, b] if peer.e8m0_subnormals_round_up() else [a, a, a, b]
+    np.testing.assert_array_equal(ml_cast(x, spec), np.array(ml, np.float32))
+
+
+def test_e8m0_ties_go_up_where_ml_dtypes_0_5_picks_the_even_code():
+    spec = REGISTRY[E8M0]
+    k = np.arange(-126, 128)
+    x = (1.5 * np.exp2(k.astype(np.float64))).astype(np.float32)
+    ours = round_to_format(x, spec)
+    up = np.exp2(k + 1.0)
+    np.testing.assert_array_equal(ours[:-1], up[:-1].astype(np.float32))
+    assert np.isnan(ours[-1])  # 1.5 * 2**127 rounds up past max: NaN (IEEE overflow)
+    ml = ml_cast(x, spec)
+    if peer.e8m0_ties_to_even_code():  # 0.5: the even code, 2**k where k is odd
+        even = np.where(k % 2 != 0, np.exp2(k.astype(np.float64)), up)
+        np.testing.assert_array_equal(ml, even.astype(np.float32))
+    else:
+        assert_same_bits(ml, ours, x, "ml_dtypes")
 
 
 # -- exact brute-force oracle for every deterministic mode ----------------------------------
