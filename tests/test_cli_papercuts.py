@@ -171,3 +171,47 @@ def test_dask_local_workers_are_bounded_by_the_cores_available(tmp_path):
     np.save(tmp_path / "x.npy", np.ones(8, np.float32))
     assert_usage_error(invoke("quantize", tmp_path / "x.npy", "--dask", f"local:{cores + 1}"),
                        f"1 <= N <= {cores}")
+
+
+# -- tables in a file or a pipe ----------------------------------------------------------
+
+def fmt_to_a_pipe(*args, columns: str | None = None) -> str:
+    """``fmt ARGS``'s stdout through a pipe, as ``fmt ... | less`` gets it (COLUMNS unset
+    unless given)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FMT_TRACEBACK")}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    proc = subprocess.run([sys.executable, "-m", "fmtcli", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("args", [["range"], ["quantize"], ["underflow", "1e-8", "3e5"]])
+def test_a_table_in_a_pipe_has_no_trailing_spaces_and_the_docs_width(args):
+    out = fmt_to_a_pipe(*args)
+    assert [line for line in out.splitlines() if line != line.rstrip()] == []
+    assert max(map(len, out.splitlines())) <= 80
+    assert out == fmt_to_a_pipe(*args, columns="80")  # as the documentation shows it
+
+
+def test_columns_still_sets_the_width_of_a_pipe():
+    out = fmt_to_a_pipe("range", columns="200")
+    assert 80 < max(map(len, out.splitlines())) <= 200
+    assert [line for line in out.splitlines() if line != line.rstrip()] == []
+
+
+def test_trimming_keeps_styles_and_waits_for_a_line_s_end():
+    import io
+
+    from fmtcli.cli.output import TrimmedLines
+
+    sink = io.StringIO()
+    stream = TrimmedLines(sink)
+    for piece in ["a  ", "  \x1b[2m ", "\x1b[0m  \nb   c  ", "\n", "  \x1b[1mx\x1b[0m \n", "end  "]:
+        stream.write(piece)
+    stream.flush()
+    assert sink.getvalue() == "a\x1b[2m\x1b[0m\nb   c\n  \x1b[1mx\x1b[0m\nend  "

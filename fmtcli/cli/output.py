@@ -69,20 +69,42 @@ def as_options(error: FmtError) -> str:
 
 
 def note(message: str) -> None:
-    """One line ``Note: ...`` on stderr, for notes that are not results (user text in the
-    message is shown as written: no rich markup is interpreted)."""
+    """``Note: ...`` on stderr, for notes that are not results (user text in the message is
+    shown as written: no rich markup is interpreted).  On a terminal the note is wrapped at
+    word boundaries to its width, the lines after the first indented under the text; a
+    file or a pipe gets it as one line."""
     from rich.text import Text
 
-    stderr_console().print(Text.assemble(("Note:", "dim"), " ", one_line(message)),
-                           soft_wrap=True)
+    console = stderr_console()
+    text = one_line(message)
+    if not console.is_terminal:
+        console.print(Text.assemble(("Note:", "dim"), " ", text), soft_wrap=True)
+        return
+    lines = wrap_words(text, console.width - len(NOTE_INDENT), NOTE_INDENT)
+    console.print(Text.assemble(("Note:", "dim"), " ", lines), soft_wrap=True)
+
+
+NOTE_INDENT = " " * len("Note: ")
+
+
+def wrap_words(text: str, width: int, indent: str) -> str:
+    """``text`` broken at spaces into lines of at most ``width`` characters (a word longer
+    than that, a path say, stays whole on its own line), the lines after the first starting
+    with ``indent``."""
+    import textwrap
+
+    lines = textwrap.wrap(text, max(20, width), break_long_words=False,
+                          break_on_hyphens=False)
+    return ("\n" + indent).join(lines) or text
 
 
 def warning_as_note(message, category, filename, lineno, file=None, line=None) -> None:
     """``warnings.showwarning`` of the CLI: a warning (a numpy RuntimeWarning that escaped
     its source, say) becomes one ``Note:`` line instead of two lines naming our source.
     fmtcli's own notes (``checkpoints.CheckpointNote``: files of a model folder left
-    unread) are said as they are; other warnings name their category."""
-    if category.__name__ == "CheckpointNote":
+    unread; ``quantize.native.KernelNote``: a large input without the compiled kernel) are
+    said as they are; other warnings name their category."""
+    if category.__name__ in ("CheckpointNote", "KernelNote"):
         note(str(message))
     else:
         note(f"{message} ({category.__name__})")
@@ -118,17 +140,55 @@ class SafeStream:
         return getattr(self.stream, name)
 
 
+class TrimmedLines:
+    """A text stream that drops the spaces at the end of every line (rich pads a table's
+    lines, and its centred title, to the table's width): a table written to a file or a
+    pipe has no trailing spaces.  Styles that close a line (``ESC[0m``) are kept; spaces
+    at the end of one write wait for the next, which says whether a line ends there."""
+
+    STYLE = re.compile(r"\x1b\[[0-9;]*m")
+    TAIL = re.compile(r"(?: |\x1b\[[0-9;]*m)+\Z")  # may end a line: wait for the next
+    LINE_END = re.compile(r"(?: |\x1b\[[0-9;]*m)+(?=\n)")
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        text = self.pending + text
+        tail = self.TAIL.search(text)
+        self.pending = tail[0] if tail else ""
+        body = text[:tail.start()] if tail else text
+        self.stream.write(self.LINE_END.sub(lambda m: "".join(self.STYLE.findall(m[0])), body))
+        return len(text) - len(self.pending)
+
+    def flush(self) -> None:
+        self.stream.write(self.pending)  # spaces before a newline never come here: rich
+        self.pending = ""  # writes a line and its end in one piece
+        self.stream.flush()
+
+    def __getattr__(self, name):  # encoding, isatty, fileno: the stream's own
+        return getattr(self.stream, name)
+
+
+#: The width of results written to a file or a pipe (COLUMNS unset): the width the
+#: documentation's examples are rendered at, and rich's own default.
+PIPE_WIDTH = 80
+
+
 def stdout_console():
-    """Console for results; built per command so tests can pin the width (COLUMNS).  rich is
-    imported here, not at start-up: --json runs never load it."""
+    """Console for results; built per command so tests can pin the width (COLUMNS).  A
+    terminal's width is its own; a file or a pipe gets ``PIPE_WIDTH`` (or COLUMNS), and
+    every line as long as what it holds (no trailing spaces).  rich is imported here, not
+    at start-up: --json runs never load it."""
     from rich.console import Console
 
-    stream = SafeStream(sys.stdout)
+    stream = TrimmedLines(SafeStream(sys.stdout))
     if os.environ.get("COLUMNS", "").isdigit():
         return Console(file=stream, width=max(20, int(os.environ["COLUMNS"])))
     console = Console(file=stream)
-    if not console.is_terminal:  # a pipe or a file: don't squeeze tables into 80 columns
-        console = Console(file=stream, width=160)
+    if not console.is_terminal:
+        console = Console(file=stream, width=PIPE_WIDTH)
     return console
 
 
@@ -192,13 +252,21 @@ def emit_csv(result) -> None:
 
 
 class StderrProgress:
-    """A rich progress bar on stderr, shown only on a terminal and once work passes ~1 s:
-    the bytes done of the whole input (as stored) and the tensor being read.
+    """A rich progress bar on stderr, shown only when stderr is a terminal: the bytes done
+    of the whole input (as stored) and the tensor being read.
+
+    It is shown from the first report when the work is known to be long (``LONG_BYTES`` of
+    input or more), else once the work passes ``LATE_SECONDS``.  Its time left comes from
+    the rate over the last ``RATE_SECONDS`` (rich's ``speed_estimate_period``), which the
+    engine's reports keep steady (their units weigh each pass by its cost).
 
     ``progress(done, total)`` is the engine's byte count; ``tensor(name)`` names the tensor
     it starts (shown whole when it fits, else its tail: the part that tells layers apart)."""
 
     NAME_CELLS = 40
+    LONG_BYTES = 64 << 20  # ~0.2 s of work or more on one core: a bar from the start
+    LATE_SECONDS = 1.0
+    RATE_SECONDS = 60.0
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -219,7 +287,8 @@ class StderrProgress:
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:
-            if not self.enabled or time.monotonic() - self.start < 1.0:
+            if not self.enabled or (total < self.LONG_BYTES
+                                    and time.monotonic() - self.start < self.LATE_SECONDS):
                 return
             from rich.progress import (
                 BarColumn,
@@ -232,7 +301,8 @@ class StderrProgress:
             self.bar = Progress("[progress.description]{task.description}", BarColumn(),
                                 DownloadColumn(), TimeRemainingColumn(),
                                 TextColumn("{task.fields[name]}", markup=False),
-                                console=stderr_console(), transient=True)
+                                console=stderr_console(), transient=True,
+                                speed_estimate_period=self.RATE_SECONDS)
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=total, name=self.name)
         self.bar.update(self.task, completed=done, total=total, name=self.name)
