@@ -521,19 +521,12 @@ def render_quantize(result: QuantizeResult, per_tensor: bool = False, top: int =
 
 
 def _total_items(result: QuantizeResult, named: bool) -> list:
-    """The total's rows and, under them, the mean of its tensors' SQNR (in the SQNR
-    column): HeadedRows items; ``named``: the first under 'total of N values'."""
+    """The total's rows (HeadedRows items); ``named``: under 'total of N values'."""
     total = result.total or ()
     if not total:
         return []
-    counted = sum(t.in_total for t in result.quantized)
-    rows = [(f"total of {total[0].count:,} values" if named else None, None,
+    return [(f"total of {total[0].count:,} values" if named else None, None,
              [(s.scheme.label, _stat_cells(s)) for s in total])]
-    sqnr = _ROW_STATS[3][0]
-    rows.append((f"mean of the {counted:,} tensors' SQNR", None, [
-        (s.scheme.label, [_mean_sqnr_text(s) if header == sqnr else ""
-                          for header, _ in _ROW_STATS]) for s in total]))
-    return rows
 
 
 def _mean_sqnr_text(s: SchemeStats) -> str:
@@ -546,8 +539,10 @@ def _mean_sqnr_text(s: SchemeStats) -> str:
 def _total_caption(result: QuantizeResult) -> str:
     """What a total's SQNR is, and which tensors it leaves out."""
     left = [t for t in result.quantized if not t.in_total]
-    text = ("total SQNR: over all its values (energy-weighted: the tensors of the largest "
-            "values set it); mean: of its tensors' SQNR in dB")
+    counted = len(result.quantized) - len(left)
+    means = ", ".join(f"{_mean_sqnr_text(s)} ({s.scheme.label})" for s in result.total or ())
+    text = (f"mean of the {counted:,} tensors' SQNR: {means}; the total's SQNR is over all "
+            "its values (energy-weighted: the tensors of the largest values set it)")
     if left:
         kinds = ", ".join(dict.fromkeys((t.tensor.key or t.tensor.source).rsplit(".", 1)[-1]
                                         for t in left))

@@ -104,9 +104,12 @@ def test_table_labels_both_sqnrs(crepe):
         result = invoke("quantize", crepe, env={"COLUMNS": columns})
         assert result.exit_code == 0, result.output
         out = result.stdout
-        assert "mean of the 4 tensors' SQNR" in out
-        assert "energy-weighted" in out
-        assert "2 non-weight buffers (running_mean, running_var)" in " ".join(out.split())
+        flat = " ".join(out.split())
+        doc = json_of("quantize", crepe)
+        means = [f"{t['per_tensor_sqnr_db']['mean']:.1f} dB ({t['label']})" for t in doc["total"]]
+        assert f"mean of the 4 tensors' SQNR: {', '.join(means)}" in flat
+        assert "energy-weighted" in flat
+        assert "2 non-weight buffers (running_mean, running_var)" in flat
         assert "(128, buffer)" in out
         assert_fits(out, int(columns))
 
