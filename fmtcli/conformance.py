@@ -13,11 +13,18 @@ Mismatches are sorted into classes by what the input is (first that applies): ``
 ``subnormal`` (below the smallest normal), ``tie`` (an exact midpoint), ``other``; and
 within each, ``nan_payload`` (both NaN, other bits), ``sign_of_zero`` (+0 against -0) and
 ``value`` (a real difference).
+
+ml_dtypes' releases differ from each other on a few inputs (``ML_DTYPES_CASES``): 0.5 and
+0.6 cast float64 through float32 (68.00000357 becomes 64 in float8_e4m3fn, not 72) and
+round the float32 subnormals just above 2**-127 up to 2**-126 in E8M0; 0.5 also sends E8M0
+ties to the even code (3 becomes 2, not 4); 0.7 does as the engine on all three.  Each is
+cast by the installed ml_dtypes on every run (``ml_dtypes_cases``), never assumed from its
+version.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -58,10 +65,8 @@ def conformance_inputs(spec: FormatSpec, seed: int = 0, random_count: int = 1 <<
     ties_around = [ties, np.nextafter(ties, np.float32(np.inf)),
                    np.nextafter(ties, np.float32(-np.inf))]
     x = np.concatenate(parts + ties_around).astype(np.float32)
-    is_tie = np.zeros(x.size, bool)
-    if ties.size:
-        start = sum(p.size for p in parts)
-        is_tie[start:start + ties.size] = True
+    # by value: a tie among the float16/bfloat16 patterns or the random ones is a tie too
+    is_tie = np.isin(x, ties) if ties.size else np.zeros(x.size, bool)
     return x, is_tie
 
 
@@ -117,12 +122,93 @@ class BackendReport:
                 "mismatches": [m.to_dict() for m in self.mismatches], "error": self.error}
 
 
+#: Inputs on which ml_dtypes' releases round differently: (key, format, input, its dtype,
+#: what the engine does, what a backend that stores another value does).
+ML_DTYPES_CASES = (
+    ("float64_input", "float8_e4m3fn", 68.00000357, "float64",
+     "rounds once", "via float32"),
+    ("e8m0_subnormal", "float8_e8m0fnu", 1.25 * 2.0**-127, "float32",
+     "nearest", "rounds up"),
+    ("e8m0_tie", "float8_e8m0fnu", 3.0, "float32",
+     "tie up", "tie to even"),
+)
+
+
+@dataclass(frozen=True)
+class PeerCase:
+    """One of ``ML_DTYPES_CASES`` as cast here: the engine's value and the backend's."""
+
+    key: str
+    format: str
+    input: float
+    input_dtype: str
+    engine: float
+    backend: float
+    behaviour: str  # what the backend does, in words
+
+    @property
+    def agrees(self) -> bool:
+        return self.engine == self.backend or (self.engine != self.engine
+                                               and self.backend != self.backend)
+
+    def to_dict(self) -> dict:
+        return {"case": self.key, "format": self.format, "input": self.input,
+                "input_dtype": self.input_dtype, "engine": self.engine,
+                "backend": self.backend, "agrees": self.agrees, "behaviour": self.behaviour}
+
+
+def ml_dtypes_cases() -> tuple[PeerCase, ...]:
+    """``ML_DTYPES_CASES`` cast by the engine and by the installed ml_dtypes."""
+    from .formats import REGISTRY
+
+    out = []
+    for key, name, value, dtype, same, other in ML_DTYPES_CASES:
+        spec = REGISTRY[name]
+        x = np.array([value], dtype=dtype)
+        case = PeerCase(key, name, value, dtype, float(round_to_format(x, spec)[0]),
+                        float(cast(x, spec, Backend.ML_DTYPES)[0]), same)
+        out.append(case if case.agrees else replace(case, behaviour=other))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What was checked: ml_dtypes' version and its answers on ``ML_DTYPES_CASES``, torch's
+    version (None: not installed), and the compiled chunk kernel of ``fmt quantize``
+    (``quantize.native.KernelStatus``; None where the caller did not ask)."""
+
+    ml_dtypes_version: str
+    ml_dtypes_cases: tuple[PeerCase, ...]
+    torch_version: str | None
+    kernel: object | None = None
+
+    def to_dict(self) -> dict:
+        return {"ml_dtypes": {"version": self.ml_dtypes_version,
+                              "cases": [c.to_dict() for c in self.ml_dtypes_cases]},
+                "torch": None if self.torch_version is None else {
+                    "version": self.torch_version},
+                "kernel": None if self.kernel is None else self.kernel.to_dict()}
+
+
+def environment(kernel=None) -> Environment:
+    """The ``Environment`` of this process (imports torch where it is installed)."""
+    try:
+        import torch
+        torch_version = str(torch.__version__)
+    except ImportError:
+        torch_version = None
+    return Environment(ml_dtypes.__version__, ml_dtypes_cases(), torch_version, kernel)
+
+
 @dataclass(frozen=True)
 class ConformanceResult:
     reports: tuple[BackendReport, ...]
+    environment: Environment | None = None
 
-    def to_dict(self) -> list[dict]:
-        return [r.to_dict() for r in self.reports]
+    def to_dict(self) -> dict:
+        return {"environment": None if self.environment is None
+                else self.environment.to_dict(),
+                "reports": [r.to_dict() for r in self.reports]}
 
 
 def compare(x, is_tie, reference: np.ndarray, other: np.ndarray, spec: FormatSpec,
@@ -145,8 +231,9 @@ def compare(x, is_tie, reference: np.ndarray, other: np.ndarray, spec: FormatSpe
     return tuple(out)
 
 
-def check_backends(specs: list[FormatSpec], seed: int = 0) -> ConformanceResult:
-    """Every available backend other than the engine, on every format, against the engine."""
+def check_backends(specs: list[FormatSpec], seed: int = 0, kernel=None) -> ConformanceResult:
+    """Every available backend other than the engine, on every format, against the engine;
+    with the ``environment`` (``kernel``: the compiled kernel's status, to report with it)."""
     reports = []
     for spec in specs:
         x, is_tie = conformance_inputs(spec, seed)
@@ -165,4 +252,4 @@ def check_backends(specs: list[FormatSpec], seed: int = 0) -> ConformanceResult:
         if len(available_backends(spec)) < 2:
             reports.append(BackendReport(spec.name, "-", Device.CPU.value, x.size, (),
                                          "no backend besides the engine casts to this format"))
-    return ConformanceResult(tuple(reports))
+    return ConformanceResult(tuple(reports), environment(kernel))

@@ -293,3 +293,48 @@ def test_a_build_without_the_x86_paths_gives_the_same_bits(kernel, tmp_path):
     portable.widen_f16(h, a, h.size)
     kernel.widen_f16(h, b, h.size)
     assert np.array_equal(bits(a), bits(b))
+
+
+class Spy:
+    """The compiled module with its ``quantize_chunk`` calls recorded (the ``kind`` each
+    chunk came as); everything else passes through."""
+
+    def __init__(self, module) -> None:
+        self.module, self.kinds = module, []
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def quantize_chunk(self, *args):
+        self.kinds.append(args[-1])
+        return self.module.quantize_chunk(*args)
+
+
+@pytest.mark.parametrize("name", ["float32", *KINDS])
+def test_every_kind_takes_the_native_path_from_a_file(kernel, name, tmp_path, monkeypatch):
+    """A .npy of float32, bfloat16 or float16 (native byte order) is quantized by the
+    compiled kernel, its chunks read as stored (ml_dtypes 0.7.0's bfloat16 included: the
+    kind is told by the type object, not by a name or a character code)."""
+    from fmtcli.quantize import quantize
+    from fmtcli.schemes import build_scheme
+    from fmtcli.tensors import load_path
+
+    dtype, kind = KINDS.get(name, (np.float32, 0))
+    path = tmp_path / f"{name}.npy"
+    np.save(path, sample(dtype, (64, 256), 3))
+    source = load_path(str(path))[0]
+    assert native.kind_of(np.dtype(dtype)) == kind
+    spy = Spy(kernel)
+    monkeypatch.setattr(native, "_compiled", spy)
+    quantize([source], [build_scheme(block=32)], workers=1)
+    assert spy.kinds and set(spy.kinds) == {kind}
+
+
+def test_kind_of_is_the_type_not_the_name():
+    """Only numpy's float32/float16 and ml_dtypes' bfloat16 type objects, native order."""
+    assert native.kind_of(ml_dtypes.bfloat16) == 1
+    assert native.kind_of(np.dtype("<f2")) == 2 and native.kind_of(np.dtype("=f4")) == 0
+    assert native.kind_of(np.dtype(">f2")) is None and native.kind_of(np.dtype(">f4")) is None
+    assert native.kind_of(np.uint16) is None and native.kind_of(np.int16) is None
+    assert native.kind_of(np.dtype([("bfloat16", "<u2")])) is None  # a name is not enough
+    assert native.kind_of(ml_dtypes.float8_e4m3fn) is None

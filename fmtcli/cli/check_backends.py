@@ -28,11 +28,15 @@ def check_backends_command(
 
     Every float16 and bfloat16 bit pattern, the format's own code points, random float32
     over all binades, ties and their neighbours, subnormals, overflow, +-0, +-inf and NaN;
-    mismatches by class, with NaN payload differences told apart from real ones.
+    mismatches by class, with NaN payload differences told apart from real ones.  First,
+    what the installed ml_dtypes does where its releases differ (float64 rounded once or
+    through float32; E8M0 subnormals and ties), torch's version, and whether fmt quantize's
+    compiled kernel was built and is in use (FMTCLI_KERNEL=numpy turns it off).
     """
     from ..conformance import check_backends
     from ..formats import REGISTRY
+    from ..quantize import native
 
     names = (formats or []) + (format_names or [])
     specs = resolve_formats(names, ()) if names else list(REGISTRY.values())
-    emit(check_backends(specs, seed), json_out)
+    emit(check_backends(specs, seed, kernel=native.status()), json_out)
