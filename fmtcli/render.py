@@ -837,8 +837,38 @@ def render_log2_histogram(result: LossScaleResult, scale_log2: int | None) -> Fi
 
 # -- fmt check-backends --------------------------------------------------------------------
 
-def render_conformance(result: ConformanceResult) -> Fit:
-    """One row per (format, backend): agreement, then each mismatch class with an example."""
+def _case_value_text(value: float) -> str:
+    """A value of ``ML_DTYPES_CASES`` as read by eye: ``2^-127``, ``1.25*2^-127``, ``72``."""
+    mantissa, exponent = math.frexp(value) if math.isfinite(value) else (0.0, 0)
+    if value > 0 and abs(exponent) > 20 and (2 * mantissa * 64).is_integer():
+        head = "" if mantissa == 0.5 else f"{2 * mantissa:g}*"
+        return f"{head}2^{exponent - 1}"
+    return input_text(value)
+
+
+def render_environment(env) -> Group:
+    """What ``check-backends`` ran against: the installed ml_dtypes' answers on the inputs
+    where its releases differ, torch's version, and the compiled kernel of ``quantize``."""
+    cases = Table(title=f"ml_dtypes {env.ml_dtypes_version} where its releases differ",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("format", "input", "engine", "ml_dtypes", "ml_dtypes does"):
+        cases.add_column(header, no_wrap=True, justify="left" if header in (
+            "format", "ml_dtypes does") else "right")
+    for case in env.ml_dtypes_cases:
+        cases.add_row(case.format, f"{_case_value_text(case.input)} ({case.input_dtype})",
+                      _case_value_text(case.engine), _case_value_text(case.backend),
+                      Text(case.behaviour, style="green" if case.agrees else "bold red"))
+    torch = "not installed" if env.torch_version is None else env.torch_version
+    lines = [Text(f"torch: {torch}")]
+    if env.kernel is not None:
+        lines.append(Text(f"compiled kernel of fmt quantize: {env.kernel.text}",
+                          style="" if env.kernel.on else "yellow"))
+    return Group(Fit(cases), *lines, Text(""))
+
+
+def render_conformance(result: ConformanceResult) -> Group | Fit:
+    """The environment, then one row per (format, backend): agreement, then each mismatch
+    class with an example."""
     table = Table(title="Backends against fmtcli's engine (nearest-even, IEEE overflow)",
                   title_justify="left", box=box.SIMPLE_HEAD,
                   caption="kinds: value = a real difference; nan_payload = both NaN, other "
@@ -868,7 +898,9 @@ def render_conformance(result: ConformanceResult) -> Fit:
             table.add_row(*cells, m.input_class, Text(m.kind, style=style), f"{m.count:,}",
                           example)
         table.add_section()
-    return Fit(table)
+    if result.environment is None:
+        return Fit(table)
+    return Group(render_environment(result.environment), Fit(table))
 
 
 # -- one entry for every command -----------------------------------------------------------

@@ -27,6 +27,7 @@ from ..errors import UsageError, shown
 from ..scaling import Product, ScaleRule
 from ..schemes import ScaleFormat, Scheme, for_tensor
 from ..tensors import TensorSource, numpy_dtype
+from . import native
 from .blocks import (
     EXP_BINS,
     FRACTION_BINS,
@@ -506,6 +507,7 @@ def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],
     usable = [s for s in sources if s.skipped is None]
     usable = [usable[i] for i in counted_in_total([name_of(s) for s in usable],
                                                   include_buffers)]
+    native.note_if_absent(sum(s.size * numpy_dtype(s.dtype).itemsize for s in usable))
     totals = [SchemeRun.empty(s) for s in schemes]
     for source in usable:
         runs, _ = quantize_tensor(source, schemes, **options)
@@ -554,6 +556,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     usable = [s for s in sources if s.skipped is None]
     sizes = [s.size * numpy_dtype(s.dtype).itemsize for s in usable]  # bytes as stored
     grand_total = sum(sizes)
+    native.note_if_absent(grand_total)
     keep = None if out is None else range(len(schemes))[out_scheme]
     to_npy = out is not None and out.lower().endswith(".npy")
     if to_npy and len(usable) != 1:
