@@ -147,8 +147,6 @@ class TrimmedLines:
     at the end of one write wait for the next, which says whether a line ends there."""
 
     STYLE = re.compile(r"\x1b\[[0-9;]*m")
-    TAIL = re.compile(r"(?: |\x1b\[[0-9;]*m)+\Z")  # may end a line: wait for the next
-    LINE_END = re.compile(r"(?: |\x1b\[[0-9;]*m)+(?=\n)")
 
     def __init__(self, stream) -> None:
         self.stream = stream
@@ -156,11 +154,33 @@ class TrimmedLines:
 
     def write(self, text: str) -> int:
         text = self.pending + text
-        tail = self.TAIL.search(text)
-        self.pending = tail[0] if tail else ""
-        body = text[:tail.start()] if tail else text
-        self.stream.write(self.LINE_END.sub(lambda m: "".join(self.STYLE.findall(m[0])), body))
+        lines = text.split("\n")
+        last = lines.pop()  # the part after the last newline: its end is not known yet
+        core = self.tail_start(last)
+        self.pending = last[core:]
+        lines = [self.trim(line) for line in lines] + [last[:core]]
+        self.stream.write("\n".join(lines))
         return len(text) - len(self.pending)
+
+    def tail_start(self, line: str) -> int:
+        """Where the run of spaces and style codes that ends ``line`` begins."""
+        end = len(line)
+        while end:
+            if line[end - 1] == " ":
+                end = len(line[:end].rstrip(" "))
+            elif line[end - 1] == "m" and (start := line.rfind("\x1b[", 0, end)) >= 0 \
+                    and self.STYLE.fullmatch(line, start, end):
+                end = start
+            else:
+                break
+        return end
+
+    def trim(self, line: str) -> str:
+        """A whole line without its trailing spaces (the style codes among them kept)."""
+        if "\x1b" not in line:
+            return line.rstrip(" ")
+        end = self.tail_start(line)
+        return line[:end] + "".join(self.STYLE.findall(line, end))
 
     def flush(self) -> None:
         self.stream.write(self.pending)  # spaces before a newline never come here: rich
