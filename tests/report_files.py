@@ -6,43 +6,31 @@ word embeddings, six encoder layers of attention, feed-forward and LayerNorm ten
 and biases: 72 tensors with keys up to 49 characters, as sentence-transformers' MiniLM has),
 and a pooler, from a fixed seed.  Layer 3's ``intermediate.dense.weight`` holds an outlier of
 30 and a few values of 1e-9 in its first block, so that block flushes values under block
-scaling and the tensor leads ``--sort flushed``.
+scaling and the tensor leads ``--sort flushed``.  The generator is
+``examples/make_example_files.py``'s, which writes the docs' example files, so the tests and
+the manual use one checkpoint.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-import numpy as np
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "make_example_files.py"
 
-ROLES = ("attention.self.query", "attention.self.key", "attention.self.value",
-         "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
-         "output.dense", "output.LayerNorm")
-LAYERS = 6
-HIDDEN = 64
-TROUBLE = "encoder.layer.3.intermediate.dense.weight"
+
+def example_files_module():
+    """``examples/make_example_files.py`` as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("make_example_files", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_EXAMPLES = example_files_module()
+TROUBLE = _EXAMPLES.BERT_TROUBLE
 
 
 def bert_like(directory: Path, name: str = "bert.safetensors") -> Path:
     """Write the checkpoint into ``directory``; its path."""
-    from safetensors.numpy import save_file
-
-    rng = np.random.default_rng(11)
-    tensors = {"embeddings.position_ids": np.arange(512, dtype=np.int64)[None, :],
-               "embeddings.word_embeddings.weight": rng.standard_normal((500, HIDDEN)) * 0.05}
-    for layer in range(LAYERS):
-        for role in ROLES[:7]:
-            prefix = f"encoder.layer.{layer}.{role}"
-            if role.endswith("LayerNorm"):
-                tensors[f"{prefix}.weight"] = 1 + rng.standard_normal(HIDDEN) * 0.02
-            else:
-                tensors[f"{prefix}.weight"] = rng.standard_normal((HIDDEN, HIDDEN)) * 0.05
-            tensors[f"{prefix}.bias"] = rng.standard_normal(HIDDEN) * 0.01
-    tensors["pooler.dense.weight"] = rng.standard_normal((HIDDEN, HIDDEN)) * 0.05
-    trouble = tensors[TROUBLE]
-    trouble[0, :6] = 1e-9
-    trouble[0, 10] = 30.0
-    path = Path(directory) / name
-    save_file({k: v.astype(np.float32) if v.dtype == np.float64 else v
-               for k, v in tensors.items()}, str(path))
-    return path
+    return _EXAMPLES.write_bert(Path(directory), name)

@@ -1,15 +1,20 @@
 """The examples of README.md and docs/*.md are the program's real output.
 
 Every ```console block whose first line is ``$ fmt ...``, on README.md and on every page of
-docs/, is run through CliRunner at 80 columns, in a directory holding the small checkpoint
-that ``model_files`` writes, and its output compared with the block (trailing spaces and
-blank lines aside).  A comment at the end of the command line says how to compare (the
-shell ignores it, so the command stays copy-pasteable):
+docs/, is run through CliRunner at 80 columns, in a directory holding the files that
+``examples/make_example_files.py`` writes (``model_files``), and its output compared with
+the block (trailing spaces and blank lines aside) **at the precision it prints**: the text
+between numbers must be the same, integers equal, and numbers with a fraction or an
+exponent agree to 6 significant digits (``same_at_printed_precision``), since float32 sums
+and BLAS products differ in the last digits between CPUs (AVX2, AVX-512, ARM) and kernels.
+A comment at the end of the command line says how to compare (the shell ignores it, so the
+command stays copy-pasteable); several are joined by ``;``:
 
 - ``# json: PATH`` -- only that part of the JSON document (PATH: keys and list indices
   joined by dots, e.g. ``tensors.0.schemes.0``), written as ``--json`` writes it;
 - ``# first N lines`` / ``# last N lines`` -- only the first / last N lines of the output;
-- ``# not run: REASON`` -- not run here (a GPU, another machine's torch).
+- ``# needs torch`` -- skipped, with that reason, where torch is not installed;
+- ``# not run: REASON`` -- not run here (a GPU, another machine's torch; last if joined).
 
 After a change of output, rewrite the blocks of every page from the program and review the
 diff:
@@ -19,7 +24,9 @@ diff:
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -36,8 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 WIDTH = "80"
 BLOCK = re.compile(r"^```console\n(\$ fmt [^\n]*)\n(.*?)^```$", re.S | re.M)
-DIRECTIVE = re.compile(r"\s+#\s*(json: (?P<path>\S+)|(?P<end>first|last) (?P<lines>\d+) lines|"
-                       r"not run: (?P<reason>.+))\s*$")
+COMMENT = re.compile(r"\s+#\s*(?P<text>(?:json: |first |last |needs |not run: ).*?)\s*$")
+PART = re.compile(r"json: (?P<path>\S+)|(?P<end>first|last) (?P<lines>\d+) lines|"
+                  r"needs (?P<needs>torch)|not run: (?P<reason>.+)")
+#: a number as the program prints it (an integer, a decimal, an exponent; not inside a word)
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w])")
+SIGNIFICANT = 6
 UPDATE = "python tests/test_console_examples.py --update"
 
 
@@ -47,55 +58,12 @@ def pages() -> list[Path]:
 
 
 def model_files(directory: Path) -> None:
-    """``model.safetensors``: a checkpoint shaped like a real one -- an int64 first tensor
-    (skipped), an embedding, attention weights and a bias -- from a fixed seed; and
-    ``bert.safetensors``, an 86-tensor BERT-like one for the checkpoint report
-    (tests/report_files.py)."""
-    from report_files import bert_like
-    from safetensors.numpy import save_file
+    """The files the examples name (``model.safetensors``, ``bert.safetensors``, their FP8
+    round trips, ``logits.npy``...): written by ``examples/make_example_files.py``, the
+    script the README points users to, so that every example can be reproduced."""
+    from report_files import example_files_module
 
-    bert_like(directory)
-
-    rng = np.random.default_rng(2024)
-    tensors = {
-        "embeddings.position_ids": np.arange(512, dtype=np.int64)[None, :],
-        "embeddings.word_embeddings.weight": (rng.standard_normal((1000, 64)) * 0.05),
-        "layer.0.attention.query.weight": rng.standard_normal((64, 64)) * 0.1,
-        "layer.0.attention.query.bias": rng.standard_normal(64) * 0.01,
-    }
-    tensors["layer.0.attention.query.weight"][3, 7] = 4.0  # an outlier
-    save_file({k: v.astype(np.float32) if v.dtype == np.float64 else v
-               for k, v in tensors.items()}, str(directory / "model.safetensors"))
-    compare_files(directory, tensors)
-
-
-def compare_files(directory: Path, tensors: dict) -> None:
-    """``fmt compare``'s examples (docs/compare.md): ``model-fp8.safetensors`` and
-    ``bert-fp8.safetensors``, the models after an E4M3 round trip with one amax scale per
-    row, and the logits of a small LM head
-    (64 tokens, a vocabulary of 512) with its float32 and its round-tripped weights."""
-    import ml_dtypes
-    from safetensors.numpy import load_file, save_file
-
-    def fp8_rows(w: np.ndarray) -> np.ndarray:
-        """w after E4M3 with one amax scale per row, in w's dtype (float32 for float64)."""
-        x = w.astype(np.float32)
-        amax = np.abs(x).max(axis=-1, keepdims=True)
-        scale = np.where(amax > 0, np.float32(448) / np.where(amax > 0, amax, 1), 1)
-        scale = scale.astype(np.float32)
-        x_q = (x * scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / scale
-        return x_q.astype(np.float32 if w.dtype == np.float64 else w.dtype)
-
-    save_file({k: fp8_rows(v) if v.dtype.kind == "f" else v for k, v in tensors.items()},
-              str(directory / "model-fp8.safetensors"))
-    bert = load_file(str(directory / "bert.safetensors"))
-    save_file({k: fp8_rows(v) if v.dtype.kind == "f" else v for k, v in bert.items()},
-              str(directory / "bert-fp8.safetensors"))
-    rng = np.random.default_rng(16)
-    hidden = rng.standard_normal((64, 64)).astype(np.float32)
-    head = (rng.standard_normal((512, 64)) * 0.3).astype(np.float32)
-    np.save(directory / "logits.npy", hidden @ head.T)
-    np.save(directory / "logits-fp8.npy", hidden @ fp8_rows(head).T)
+    example_files_module().write_example_files(directory)
 
 
 def examples(text: str) -> list[tuple[str, str, re.Match]]:
@@ -107,6 +75,55 @@ def normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
 
 
+class Directive:
+    """The comment at the end of an example's command line (``COMMENT``), parsed."""
+
+    def __init__(self, command: str) -> None:
+        match = COMMENT.search(command)
+        self.start = match.start() if match else len(command)
+        self.path = self.end = self.lines = self.needs = self.reason = None
+        text = match.group("text") if match else ""
+        while text:
+            part = PART.match(text)
+            assert part, f"unknown directive {text!r} in {command!r}"
+            for key, value in part.groupdict().items():
+                if value is not None:
+                    setattr(self, key, int(value) if key == "lines" else value)
+            text = text[part.end():].lstrip()
+            if text:
+                assert text.startswith(";"), f"directives are joined by ';': {command!r}"
+                text = text[1:].lstrip()
+
+    def missing(self) -> str | None:
+        """Why the example cannot run here (a package it needs is not installed), or None."""
+        if self.needs and importlib.util.find_spec(self.needs) is None:
+            return f"needs {self.needs} (pip install 'fmtcli[torch]')"
+        return None
+
+
+def _number(token: str) -> float | int:
+    token = token.replace(",", "")
+    return float(token) if any(c in token for c in ".eE") else int(token)
+
+
+def same_at_printed_precision(actual: str, expected: str) -> bool:
+    """The same text, with integers equal and other numbers agreeing to ``SIGNIFICANT``
+    significant digits (JSON's 17 digits of a float32 sum differ between CPUs)."""
+    actual, expected = normalise(actual), normalise(expected)
+    if actual == expected:
+        return True
+    if NUMBER.split(actual) != NUMBER.split(expected):
+        return False
+    for a, b in zip(NUMBER.findall(actual), NUMBER.findall(expected)):
+        x, y = _number(a), _number(b)
+        if isinstance(x, int) or isinstance(y, int):
+            if x != y:
+                return False
+        elif not math.isclose(x, y, rel_tol=0.5 * 10.0 ** (1 - SIGNIFICANT), abs_tol=1e-300):
+            return False
+    return True
+
+
 def select(document, path: str):
     for part in path.split("."):
         document = document[int(part)] if isinstance(document, list) else document[part]
@@ -115,8 +132,8 @@ def select(document, path: str):
 
 def run_example(command: str, directory: Path) -> str:
     """The output a page should show for ``command`` (directives applied)."""
-    directive = DIRECTIVE.search(command)
-    args = shlex.split(command[:directive.start()] if directive else command)[1:]
+    directive = Directive(command)
+    args = shlex.split(command[:directive.start])[1:]
     assert args[0] == "fmt", command
     old = os.getcwd()
     os.chdir(directory)
@@ -126,18 +143,17 @@ def run_example(command: str, directory: Path) -> str:
         os.chdir(old)
     assert result.exit_code == 0, (command, result.stdout, result.stderr)
     out = result.stdout
-    if directive and directive.group("path"):
-        out = json.dumps(select(json.loads(out), directive.group("path")), indent=2)
-    elif directive and directive.group("lines"):
-        n = int(directive.group("lines"))
+    if directive.path:
+        out = json.dumps(select(json.loads(out), directive.path), indent=2)
+    elif directive.lines:
+        n = directive.lines
         lines = normalise(out).splitlines()
-        out = "\n".join(lines[:n] if directive.group("end") == "first" else lines[-n:])
+        out = "\n".join(lines[:n] if directive.end == "first" else lines[-n:])
     return normalise(out) + "\n"
 
 
 def skipped(command: str) -> bool:
-    directive = DIRECTIVE.search(command)
-    return bool(directive and directive.group("reason"))
+    return Directive(command).reason is not None
 
 
 def runnable() -> list[tuple[str, str]]:
@@ -169,10 +185,14 @@ def test_every_page_of_the_manual_is_checked():
 
 @pytest.mark.parametrize(("page", "command"), runnable())
 def test_example_is_the_program_output(page, command, model_dir):
+    missing = Directive(command).missing()
+    if missing:
+        pytest.skip(f"{page}: {missing}")
     expected = {c: normalise(out) + "\n" for c, out, _ in examples((ROOT / page).read_text())}
-    assert run_example(command, model_dir) == expected[command], (
+    actual = run_example(command, model_dir)
+    assert same_at_printed_precision(actual, expected[command]), (
         f"{page}: block '{command}' differs from the program's output; "
-        f"run `{UPDATE}` and review the diff")
+        f"run `{UPDATE}` and review the diff", actual)
 
 
 def test_directives_are_understood(tmp_path):
@@ -183,7 +203,31 @@ def test_directives_are_understood(tmp_path):
     assert four.count("\n") == 4 and four.startswith("Number formats\n\n")
     last = run_example("$ fmt range    # last 1 lines", tmp_path)
     assert last.count("\n") == 1 and last.strip()
-    assert DIRECTIVE.search("$ fmt x    # not run: needs a GPU").group("reason") == "needs a GPU"
+    assert Directive("$ fmt x    # not run: needs a GPU").reason == "needs a GPU"
+    both = Directive("$ fmt check-backends e4m3fn    # needs torch; last 7 lines")
+    assert (both.needs, both.end, both.lines) == ("torch", "last", 7)
+    assert both.start == len("$ fmt check-backends e4m3fn")
+    assert Directive("$ fmt range fp16").start == len("$ fmt range fp16")
+
+
+def test_numbers_are_compared_at_the_precision_printed():
+    assert same_at_printed_precision("0.0013317678855527884\n", "0.0013317678855528")
+    assert same_at_printed_precision('{"kl": 0.0017944253452944763}',
+                                     '{"kl": 0.0017944267789606616}')  # AVX-512 vs AVX2
+    assert not same_at_printed_precision('{"kl": 0.0017944}', '{"kl": 0.0017954}')
+    assert not same_at_printed_precision("count 167,454", "count 167,455")  # integers exact
+    assert not same_at_printed_precision("SQNR 31.7 dB", "SQNR 31.8 dB")
+    assert not same_at_printed_precision("SQNR 31.7 dB", "SNR 31.7 dB")
+    assert same_at_printed_precision("1.5e-05 x", "1.50000001e-05 x")
+    assert not same_at_printed_precision("e4m3fn 448", "e4m3fn 449")  # digits in words too
+
+
+def test_examples_that_need_torch_say_so():
+    marked = [c for _, c in runnable() if Directive(c).needs == "torch"]
+    assert any("--backend torch" in c for c in marked)
+    for _, command in runnable():
+        if "--backend torch" in command:
+            assert Directive(command).needs == "torch", command
 
 
 def test_update_rewrites_a_stale_block_and_keeps_the_rest(tmp_path):
@@ -208,7 +252,10 @@ def update(path: Path) -> int:
         model_files(directory)
         pieces, last = [], 0
         for command, old, match in examples(text):
-            new = old if skipped(command) else run_example(command, directory)
+            keep = skipped(command) or Directive(command).missing()
+            new = old if keep else run_example(command, directory)
+            if same_at_printed_precision(new, old):
+                new = old  # a CPU's last digits are no change
             changed += normalise(new) != normalise(old)
             pieces += [text[last:match.start(2)], new]
             last = match.end(2)
