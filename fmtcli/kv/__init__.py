@@ -42,237 +42,36 @@ normal (2^-126) cannot be given one and is refused, naming the tensor; the p99.9
 rules never go below that floor.
 """
 
+
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError, UsageError, shown
-from .formats import FormatSpec
-from .quantize.metrics import ErrorAccumulator
-from .rounding import beyond_threshold, round_to_format
-from .tensors import TensorSource
+from ..errors import DataError, UsageError, shown
+from ..formats import FormatSpec
+from ..quantize.metrics import ErrorAccumulator
+from .inputs import (AXES, DEFAULT_LAYOUT, K_NAMES, V_NAMES, example_kv, kv_streams,
+                     parse_layout, stream_of)
+from .scales import (CANDIDATES, FLOAT32_TINY, TinyScale, candidate_scale,
+                     checkpoint_factor, round_trip, smallest_scale)
+
+__all__ = ["AXES", "CANDIDATES", "DEFAULT_LAYOUT", "FLOAT32_TINY", "GRANULARITIES",
+           "K_NAMES", "KV_FORMATS", "KvResult", "KvStats", "STORED", "StreamResult",
+           "TinyScale", "V_NAMES", "analyse_kv", "candidate_scale", "checkpoint_factor",
+           "example_kv", "kv_streams", "measure", "parse_layout", "round_trip",
+           "smallest_scale", "stream_of", "vllm_name", "write_scales"]
 
 GRANULARITIES = ("tensor", "head", "token-head")
 STORED = ("tensor", "head")  # what a checkpoint holds; token-head scales are dynamic
-CANDIDATES = ("unit", "amax", "amax-x2", "p99.99", "mse")
-AXES = ("layers", "batch", "tokens", "heads", "dim")
-DEFAULT_LAYOUT = "tokens,heads,dim"
-K_NAMES, V_NAMES = {"k", "key", "keys", "k_cache"}, {"v", "value", "values", "v_cache"}
 KV_FORMATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2")
-FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal: the smallest scale written
-_INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
 def vllm_name(layer: int, stream: str) -> str:
     """The checkpoint name vLLM and llm-compressor load a layer's scale from."""
     return f"model.layers.{layer}.self_attn.{stream}_scale"
-
-
-def checkpoint_factor(spec: FormatSpec) -> float:
-    """What ``--out`` multiplies the applied scales by: 1/2 for float8_e4m3fnuz, whose
-    scales vLLM doubles on loading (on fnuz GPUs, the only ones with an e4m3fnuz cache),
-    1 for the OCP formats, whose scales it applies as loaded."""
-    return 0.5 if spec.name == "float8_e4m3fnuz" else 1.0
-
-
-class TinyScale(DataError):
-    """A group of values too small for a float32 scale (its amax / fp8_max < 2^-126)."""
-
-
-# -- inputs --------------------------------------------------------------------------------
-
-def parse_layout(layout: str) -> tuple[str, ...]:
-    axes = tuple(a.strip() for a in layout.split(","))
-    unknown = [a for a in axes if a not in AXES]
-    if unknown or len(set(axes)) != len(axes) or not {"heads", "dim"} <= set(axes):
-        raise UsageError(f"layout={shown(layout)}: axes from {', '.join(AXES)}, each once, "
-                         "with heads and dim (e.g. tokens,heads,dim)")
-    return axes
-
-
-def _to_tokens_heads_dim(x: np.ndarray, axes: tuple[str, ...], name: str) -> np.ndarray:
-    """(tokens, heads, dim) float32, every axis but heads and dim merged into tokens."""
-    if x.ndim != len(axes):
-        raise DataError(f"{shown(name)}: {x.ndim} axes, but the layout names {len(axes)} "
-                        f"({','.join(axes)}): give --layout")
-    order = [axes.index(a) for a in axes if a not in ("heads", "dim")]
-    x = np.transpose(x, order + [axes.index("heads"), axes.index("dim")])
-    x = np.ascontiguousarray(x.reshape(-1, x.shape[-2], x.shape[-1]), dtype=np.float32)
-    if not x.size:
-        raise DataError(f"{shown(name)}: empty")
-    if not x.any():
-        raise DataError(f"{shown(name)}: every value is 0 (no scale to choose, no error to "
-                        "measure)")
-    if not np.isfinite(x).all():  # an amax of inf or NaN makes no scale
-        raise DataError(f"{shown(name)}: {int((~np.isfinite(x)).sum()):,} value(s) inf or "
-                        "NaN (or beyond float32)")
-    return x
-
-
-def stream_of(source: TensorSource, kind: str | None = None
-              ) -> tuple[int | None, str] | None:
-    """(layer index or None, 'k' or 'v') from a tensor's name (``layers.3.k``,
-    ``model.layers.3.self_attn.v_cache``; a .npy file's name without its suffix); with
-    ``kind`` (``--k``/``--v`` files) every tensor is of that stream, its layer from its
-    name."""
-    name = source.key if source.key is not None else re.sub(r"\.npy$", "", source.source)
-    name = name.rsplit("/", 1)[-1]
-    last = name.rsplit(".", 1)[-1].lower()
-    if kind is None:
-        kind = "k" if last in K_NAMES else "v" if last in V_NAMES else None
-    if kind is None:
-        return None
-    index = _INDEX.search(name)
-    return (int(index.group(1)) if index else None), kind
-
-
-def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
-               kind: str | None = None, out: dict | None = None,
-               names: dict | None = None) -> dict[tuple[int, str], np.ndarray]:
-    """(layer, 'k'/'v') -> (tokens, heads, dim) float32 of every K and V tensor (every
-    tensor is of stream ``kind`` when given), added to ``out`` when given; ``names``, when
-    given, gets (layer, 'k'/'v') -> the tensor's name, for errors."""
-    names = {} if names is None else names
-    axes = parse_layout(layout)
-    out = {} if out is None else out
-    for source in sources:
-        found = stream_of(source, kind)
-        if found is None or source.skipped:
-            continue
-        layer, stream = found
-        data = source.array()
-        if "layers" in axes:
-            if layer is not None:
-                raise DataError(f"{shown(source.name)}: the layout has a layers axis, but "
-                                "the name gives a layer too")
-            data = np.moveaxis(np.asarray(data), axes.index("layers"), 0)
-            inner = tuple(a for a in axes if a != "layers")
-            for i, part in enumerate(data):
-                if (i, stream) in out:
-                    raise DataError(f"{shown(source.name)}: a second {stream.upper()} of "
-                                    f"layer {i}")
-                out[(i, stream)] = _to_tokens_heads_dim(part, inner, source.name)
-                names[(i, stream)] = f"{source.name}[{i}]"
-            continue
-        key = (0 if layer is None else layer, stream)
-        if key in out:
-            raise DataError(f"{shown(source.name)}: a second {stream.upper()} of layer {key[0]}")
-        out[key] = _to_tokens_heads_dim(np.asarray(data), axes, source.name)
-        names[key] = source.name
-    if not out:
-        skipped = [f"{shown(s.name)}: {s.skipped}" for s in sources
-                   if s.skipped and stream_of(s, kind)]
-        if skipped:
-            raise DataError("no usable K or V tensor", "; ".join(skipped[:4]))
-        names = ", ".join(shown(s.name) for s in sources[:4])
-        raise DataError(f"no K or V tensor in {names or 'the inputs'} (names ending in "
-                        ".k/.key/.k_cache or .v/.value/.v_cache)")
-    return dict(sorted(out.items()))
-
-
-def example_kv(layers: int = 2, tokens: int = 512, heads: int = 4, dim: int = 64,
-               seed: int = 16) -> dict[tuple[int, str], np.ndarray]:
-    """Synthetic K and V with the shape of real ones: K with a few outlier channels (the
-    same dims in every token, as rotary keys have) and heads of different magnitudes; V
-    heavy-tailed (Student's t, 3 degrees of freedom) and small."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for layer in range(layers):
-        k = rng.standard_normal((tokens, heads, dim))
-        k *= (2.0 ** np.arange(heads))[None, :, None]  # heads of 1x, 2x, 4x, 8x magnitude
-        channels = rng.choice(dim, 2, replace=False)
-        k[:, :, channels] *= 30.0 * (layer + 1)
-        v = rng.standard_t(3, (tokens, heads, dim)) * 0.05
-        out[(layer, "k")] = k.astype(np.float32)
-        out[(layer, "v")] = v.astype(np.float32)
-    return out
-
-
-# -- scales and statistics -----------------------------------------------------------------
-
-def _group_axes(granularity: str) -> tuple[int, ...]:
-    """The axes of (tokens, heads, dim) a scale spans."""
-    return {"tensor": (0, 1, 2), "head": (0, 2), "token-head": (2,)}[granularity]
-
-
-def round_trip(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec
-               ) -> tuple[np.ndarray, int]:
-    """vLLM's round trip: q = saturating cast(x / k_scale), x_hat = q * k_scale (float32);
-    the dequantized values and how many clipped (those that would have rounded past the
-    format's max: ``rounding.beyond_threshold``; 448.01 rounds to 448 and is not clipped)."""
-    scaled = (x / k_scale).astype(np.float32, copy=False)
-    clipped = int(np.count_nonzero(np.abs(scaled) >= beyond_threshold(spec)))
-    q = round_to_format(scaled, spec, overflow="saturate")
-    with np.errstate(over="ignore"):  # q * k_scale past float32's max is inf, as in vLLM
-        return (q * k_scale).astype(np.float32, copy=False), clipped
-
-
-def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    """Per group: the sum of squared errors (float32 differences, summed in float64: only
-    the MSE search's choice rests on it; the figures reported come from ``measure``)."""
-    with np.errstate(over="ignore", invalid="ignore"):  # an inf error loses the search
-        e = np.subtract(x_hat, x)
-        return np.add.reduce(np.square(e, out=e), axis=axes, keepdims=True, dtype=np.float64)
-
-
-def smallest_scale(spec: FormatSpec) -> float:
-    """The smallest scale fmt applies: the one whose checkpoint value is float32's
-    smallest normal (2^-126; 2^-125 for e4m3fnuz, written halved)."""
-    return FLOAT32_TINY / checkpoint_factor(spec)
-
-
-def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: FormatSpec
-                    ) -> np.ndarray:
-    """The dequantization scale (vLLM's direction) of every group, broadcastable to x,
-    computed in float64 and given as float32 (never below ``smallest_scale``).  Raises
-    ``TinyScale`` where a nonzero group's amax / fp8_max is below it."""
-    axes = _group_axes(granularity)
-    amax = np.abs(x).max(axis=axes, keepdims=True).astype(np.float64)
-    base = np.where(amax > 0, amax / spec.max, 1.0)
-    floor = smallest_scale(spec)
-    if candidate != "unit" and (base < floor).any():
-        small = float(amax[base < floor].max())
-        where = {"tensor": "", "head": " in a head", "token-head": " in a token's head"}
-        raise TinyScale(f"|x| is at most {small:.3g}{where[granularity]}: its scale, amax / "
-                        f"{spec.max:g} = {small / spec.max:.3g}, is below float32's "
-                        "smallest normal (2^-126 ~ 1.18e-38), the width of vLLM's scales",
-                        "multiply the dump by a power of two, say 2^64, and divide its "
-                        "scales by it")
-    if candidate == "unit":
-        return np.ones_like(base, dtype=np.float32)
-    if candidate == "amax":
-        return base.astype(np.float32)
-    if candidate == "amax-x2":
-        return (2 * base).astype(np.float32)
-    if candidate == "p99.99":
-        q = np.quantile(np.abs(x), 0.9999, axis=axes, keepdims=True)
-        return np.maximum(np.where(q > 0, q / spec.max, base), floor).astype(np.float32)
-    if candidate == "mse":
-        return _mse_scale(x, base, axes, spec, floor)
-    raise UsageError(f"candidate={shown(candidate)}: one of {', '.join(CANDIDATES)}")
-
-
-def _mse_scale(x, base, axes, spec, floor) -> np.ndarray:
-    """Per group, the amax scale times 2**-m of least squared error: m on scale-search's
-    coarse grid, then its fine steps around each group's best (no scale below ``floor``)."""
-    from .scalesearch import COARSE, FINE_STEP
-
-    def scale(m: np.ndarray) -> np.ndarray:
-        return np.maximum(base * 2.0 ** -m, floor).astype(np.float32)
-
-    def best(margins: np.ndarray) -> np.ndarray:  # margins: (n, *group shape)
-        errors = np.stack([_squared_error(x, round_trip(x, scale(m), spec)[0], axes)
-                           for m in margins])
-        return np.take_along_axis(margins, np.argmin(errors, axis=0)[None], 0)[0]
-
-    coarse = best(np.broadcast_to(COARSE.reshape((-1,) + (1,) * base.ndim),
-                                  (len(COARSE),) + base.shape))
-    fine = coarse[None] + (np.arange(-8, 9) * FINE_STEP).reshape((-1,) + (1,) * base.ndim)
-    return scale(best(fine))
 
 
 @dataclass(frozen=True)
@@ -323,7 +122,7 @@ def _max_rel(x: np.ndarray, x_hat: np.ndarray) -> float:
 
 def _stats(acc: ErrorAccumulator, granularity: str, candidate: str, k_scale,
            max_rel: float) -> KvStats:
-    from .quantize.metrics import scaled_sum
+    from ..quantize.metrics import scaled_sum
 
     x2, xp = scaled_sum(acc.sum_x2, acc.sum_x2_big, acc.sum_x2_tiny)
     e2, ep = scaled_sum(acc.sum_err2, acc.sum_err2_big, acc.sum_err2_tiny)
@@ -480,7 +279,7 @@ def write_scales(result: KvResult, path: str) -> None:
     atomically, with a new file's usual mode (``quantize.writers.write_atomically``)."""
     import json
 
-    from .quantize.writers import write_bytes, write_safetensors
+    from ..quantize.writers import write_bytes, write_safetensors
 
     if path.endswith(".json"):
         write_bytes(path, json.dumps(
