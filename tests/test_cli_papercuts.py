@@ -215,3 +215,43 @@ def test_trimming_keeps_styles_and_waits_for_a_line_s_end():
         stream.write(piece)
     stream.flush()
     assert sink.getvalue() == "a\x1b[2m\x1b[0m\nb   c\n  \x1b[1mx\x1b[0m\nend  "
+
+
+# -- shell completion --------------------------------------------------------------------
+
+def complete(words: str) -> list[str]:
+    """What bash completion offers for the command line ``words`` (the cursor after its
+    last word), from the real program as the completion script calls it."""
+    import subprocess
+    import sys
+
+    parts = words.split(" ")
+    env = dict(os.environ, COMP_WORDS=words, COMP_CWORD=str(len(parts) - 1),
+               _FMT_COMPLETE="complete_bash")
+    proc = subprocess.run([sys.executable, "-c", "import sys; from fmtcli.cli import main; "
+                           "sys.argv = ['fmt']; main('fmt')"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_the_completion_script_of_each_shell(shell, monkeypatch):
+    # typer's switch for naming the shell instead of detecting it (the test's parent
+    # process is no shell); read when the parser is built, before CliRunner's env applies
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
+    result = invoke("--show-completion", shell)
+    assert result.exit_code == 0, result.stderr
+    assert "_FMT_COMPLETE" in result.stdout and f"complete_{shell}" in result.stdout
+
+
+def test_the_help_offers_completion():
+    out = invoke("--help").stdout
+    assert "--install-completion" in out and "--show-completion" in out
+
+
+def test_completion_offers_commands_options_and_choices():
+    assert complete("fmt qu") == ["quantize"]
+    assert "--format" in complete("fmt quantize --fo")
+    assert complete("fmt quantize -r ") == ["nearest-even", "nearest-away", "toward-zero",
+                                            "up", "down", "stochastic"]

@@ -31,7 +31,7 @@ def loaded(*args: str) -> set[str]:
 
 
 @pytest.mark.parametrize("args", [["--version"], ["--help"], ["quantize", "--help"],
-                                  ["loss-scale", "--help"]])
+                                  ["loss-scale", "--help"], ["--show-completion", "bash"]])
 def test_version_and_help_load_no_numerical_library(args):
     assert loaded(*args) == set()
 

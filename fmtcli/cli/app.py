@@ -226,7 +226,7 @@ app = FmtTyper(
     help="Explore the number formats of ML training and inference: FP32, FP16, BF16, FP8 "
          "(E4M3 fn/fnuz, E5M2), MX FP6/FP4/E8M0 and any custom eXmY.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
