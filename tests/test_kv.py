@@ -193,11 +193,13 @@ def test_json_direction_and_unit_cost():
     assert doc["recommended_total"]["k"]["sqnr_db"] > k_total[("tensor", "unit")]["sqnr_db"]
 
 
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3fnuz"])
 @pytest.mark.parametrize("width", [80, 120])
-def test_tables_fit(width):
-    out = succeeds("kv", env={"COLUMNS": str(width)}).stdout
+def test_tables_fit(width, fmt):
+    out = succeeds("kv", "--format", fmt, env={"COLUMNS": str(width)}).stdout
     assert_fits(out, width)
     assert "What unit scales cost" in out
+    assert ("--out writes half" in out) == (fmt == "e4m3fnuz")
 
 
 def kv_file(tmp_path, seed: int = 5):
