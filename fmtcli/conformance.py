@@ -16,8 +16,9 @@ within each, ``nan_payload`` (both NaN, other bits), ``sign_of_zero`` (+0 agains
 
 ml_dtypes' releases differ from each other on a few inputs (``ML_DTYPES_CASES``): 0.5 and
 0.6 cast float64 through float32 (68.00000357 becomes 64 in float8_e4m3fn, not 72) and
-round the float32 subnormals just above 2**-127 up to 2**-126 in E8M0; 0.5 also sends E8M0
-ties to the even code (3 becomes 2, not 4); 0.7 does as the engine on all three.  Each is
+round the float32 subnormals just above 2**-127 up to 2**-126 in E8M0; 0.5.0 also sent E8M0
+ties to the even code (3 became 2, not 4; 0.5.3 goes up); 0.7 does as the engine on all
+three.  Each is
 cast by the installed ml_dtypes on every run (``ml_dtypes_cases``), never assumed from its
 version.
 """

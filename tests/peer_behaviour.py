@@ -1,13 +1,13 @@
 """What the installed ml_dtypes does where its releases differ, found by casting a few
 inputs (never read from its version), so that a test of a peer holds for every release
-that pyproject allows.  Seen so far (0.5.0, 0.6.0, 0.7.0):
+that pyproject allows.  Seen so far (0.5.0, 0.5.3, 0.6.0, 0.7.0):
 
 - float64 input: 0.5 and 0.6 cast through float32 (rounding twice: 68.00000357 becomes 64
   in float8_e4m3fn); 0.7 rounds once, as the engine (72);
 - E8M0, float32 subnormals in (2**-127, 1.5 * 2**-127): 0.5 and 0.6 round them up to
   2**-126; 0.7 to the nearest, 2**-127, as the engine;
-- E8M0 ties 1.5 * 2**k: 0.5 goes to the even code (2**k for odd k: 3 becomes 2); 0.6 and
-  0.7 up in magnitude, as the engine (3 becomes 4).
+- E8M0 ties 1.5 * 2**k: 0.5.0 goes to the even code (2**k for odd k: 3 becomes 2); 0.5.3,
+  0.6 and 0.7 up in magnitude, as the engine (3 becomes 4).
 
 Each detector asserts that ml_dtypes does one of the two known things: a release that does
 a third thing fails the tests until someone looks at it.  Imports nothing from fmtcli.

@@ -10,7 +10,7 @@ Three independent references:
 
 The deliberate differences from ml_dtypes (NaN in formats without NaN; float64 inputs rounded once
 where ml_dtypes before 0.7 goes through float32; E8M0's float32 subnormals, which ml_dtypes before
-0.7 rounds up, and its ties, which 0.5 sends to the even code) are tested as such: what the
+0.7 rounds up, and its ties, which 0.5.0 sent to the even code) are tested as such: what the
 installed ml_dtypes does is found by casting (``peer_behaviour``), never assumed from its version,
 so these tests hold for every release pyproject allows.
 """
@@ -342,7 +342,7 @@ def test_float64_just_off_a_tie_is_rounded_once(name, rel):
         assert_same_bits(ml, expected, x, "ml_dtypes")
 
 
-# -- deliberate difference 3: E8M0's float32 subnormals (before 0.7) and ties (0.5) ---------
+# -- deliberate difference 3: E8M0's float32 subnormals (before 0.7) and ties (0.5.0) -------
 
 def test_e8m0_mismatches_over_every_bfloat16_are_exactly_the_known_classes():
     spec = REGISTRY[E8M0]
@@ -378,7 +378,7 @@ def test_e8m0_boundaries_of_the_subnormal_class():
     np.testing.assert_array_equal(ml_cast(x, spec), np.array(ml, np.float32))
 
 
-def test_e8m0_ties_go_up_where_ml_dtypes_0_5_picks_the_even_code():
+def test_e8m0_ties_go_up_where_ml_dtypes_0_5_0_picks_the_even_code():
     spec = REGISTRY[E8M0]
     k = np.arange(-126, 128)
     x = (1.5 * np.exp2(k.astype(np.float64))).astype(np.float32)
@@ -387,7 +387,7 @@ def test_e8m0_ties_go_up_where_ml_dtypes_0_5_picks_the_even_code():
     np.testing.assert_array_equal(ours[:-1], up[:-1].astype(np.float32))
     assert np.isnan(ours[-1])  # 1.5 * 2**127 rounds up past max: NaN (IEEE overflow)
     ml = ml_cast(x, spec)
-    if peer.e8m0_ties_to_even_code():  # 0.5: the even code, 2**k where k is odd
+    if peer.e8m0_ties_to_even_code():  # 0.5.0: the even code, 2**k where k is odd
         even = np.where(k % 2 != 0, np.exp2(k.astype(np.float64)), up)
         np.testing.assert_array_equal(ml, even.astype(np.float32))
     else:
