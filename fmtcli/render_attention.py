@@ -28,8 +28,12 @@ def _sci(value: float | None) -> str:
 
 
 def _si(value: float, unit: str) -> str:
-    """1.64e9 B -> '1.64 GB' (powers of 1000, as the paper's table writes GB and GFLOPs)."""
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    """1.64e9 B -> '1.64 GB' (powers of 1000, as the paper's table writes GB and GFLOPs;
+    from 1e21 on, a power of ten: '2.03e+31 B', as narrow as the headers)."""
+    if abs(value) >= 1e21:
+        return f"{value:.3g} {unit}"
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"),
+                           (1e3, "k")):
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"

@@ -44,7 +44,10 @@ def _component(value, worst: int = 0):
     return value[worst] if isinstance(value, tuple) else value
 
 
-def _headers(result: SoftmaxTrace, scores: bool) -> list[str]:
+def _headers(result: SoftmaxTrace, scores: bool, one_line: bool = False) -> list[str]:
+    if one_line:  # the plain layout of thousands of rows: one line each
+        acc, out = ("acc", "acc / l") if result.dim is None else ("acc[0]", "output[0]")
+        return ["block", "block max", "max m", "rescale", "sum l", acc, out]
     acc, out = ("weighted\nsum acc", "output\nacc / l") if result.dim is None else \
         ("weighted\nsum acc[0]", "output[0]\nacc / l")
     return (["block"] + (["scores"] if scores else [])
@@ -72,19 +75,16 @@ def _caption(result: SoftmaxTrace, hidden: int, scores: bool) -> str:
     return "\n".join(lines)
 
 
-def _trace_table(result: SoftmaxTrace, scores: bool, all_blocks: bool) -> Table:
-    keys = f"{result.keys:,} key{'' if result.keys == 1 else 's'}"
-    shape = "" if result.dim is None else f", values of {result.dim:,} components"
-    title = (f"Online softmax of {result.source}: {keys}{shape}, blocks of {result.block:,}, "
-             f"in {result.format}")
-    blocks = result.blocks
-    hidden = 0
-    if not all_blocks and len(blocks) > 2 * HEAD_BLOCKS:
-        hidden = len(blocks) - 2 * HEAD_BLOCKS
-        blocks = [*blocks[:HEAD_BLOCKS], None, *blocks[-HEAD_BLOCKS:]]
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
-                  caption=_caption(result, hidden, scores), caption_justify="left")
-    for header in _headers(result, scores):
+def _trace_table(result: SoftmaxTrace, scores: bool, all_blocks: bool,
+                 plain: bool = False) -> Table:
+    """The trace; ``plain``: for thousands of rows, one-line headers and neither title nor
+    caption (the caller prints them above and below), so ``render.Fit`` draws it line by
+    line (``plaintable``)."""
+    blocks, hidden = _shown_blocks(result, all_blocks)
+    table = Table(title=None if plain else _title(result), title_justify="left",
+                  box=box.SIMPLE_HEAD, caption=None if plain else _caption(result, hidden, scores),
+                  caption_justify="left")
+    for header in _headers(result, scores, one_line=plain):
         table.add_column(header, justify="left" if header == "scores" else "right",
                          no_wrap=header != "scores")
     for b in blocks:
@@ -93,6 +93,22 @@ def _trace_table(result: SoftmaxTrace, scores: bool, all_blocks: bool) -> Table:
         else:
             table.add_row(*_row(b, scores))
     return table
+
+
+def _title(result: SoftmaxTrace) -> str:
+    keys = f"{result.keys:,} key{'' if result.keys == 1 else 's'}"
+    shape = "" if result.dim is None else f", values of {result.dim:,} components"
+    return (f"Online softmax of {result.source}: {keys}{shape}, blocks of {result.block:,}, "
+            f"in {result.format}")
+
+
+def _shown_blocks(result: SoftmaxTrace, all_blocks: bool) -> tuple[list, int]:
+    """The blocks in the table (None: the row of dots between the ends) and how many are
+    not shown."""
+    blocks = list(result.blocks)
+    if all_blocks or len(blocks) <= 2 * HEAD_BLOCKS:
+        return blocks, 0
+    return [*blocks[:HEAD_BLOCKS], None, *blocks[-HEAD_BLOCKS:]], len(blocks) - 2 * HEAD_BLOCKS
 
 
 def _summary(result: SoftmaxTrace) -> Table:
@@ -129,6 +145,11 @@ def _summary(result: SoftmaxTrace) -> Table:
 def render_softmax(result: SoftmaxTrace, all_blocks: bool = False) -> Group:
     """The trace (with each block's scores where blocks are small, else without), then the
     final output, the exact reference and their difference."""
+    rows, hidden = _shown_blocks(result, all_blocks)
+    if len(rows) > render.PLAIN_ROWS:  # --all-blocks of thousands: drawn line by line
+        table = _trace_table(result, False, all_blocks, plain=True)
+        return Group(Text(_title(result)), render.Fit(table),
+                     Text(_caption(result, hidden, False)), Text(""), _summary(result))
     small = all(len(b.scores) <= LISTED_SCORES for b in result.blocks)
     layouts = [_trace_table(result, True, all_blocks)] if small else []
     layouts.append(_trace_table(result, False, all_blocks))

@@ -230,6 +230,39 @@ def test_io_alone_answers_for_gpt2_medium_without_tensors():
     assert big["io"]["sram_bytes"] == 232448
 
 
+HUGE = "1" + "0" * 400
+
+
+@pytest.mark.parametrize(("option", "limit"), [
+    ("--batch", "1048576"), ("--heads", "65536"), ("--seq", "16777216"), ("--dim", "65536"),
+    ("--block-q", "16777216"), ("--block-k", "16777216"), ("--sram", "1099511627776")])
+def test_every_size_option_is_bounded(option, limit):
+    """Issue 22 item 16: --seq 1 followed by 400 zeros was an internal error (a float
+    division of the IO model); every size option now has a range, and the library refuses
+    the same sizes."""
+    assert_usage_error(invoke("attention", "--io", option, HUGE), f"'{option}'",
+                       f"1<=x<={limit}")
+    room = ["--sram", "1099511627776"] if option == "--dim" else []  # 4 d elements of SRAM
+    doc = json_of("attention", "--io", option, limit, *room)
+    assert doc["io"]["flash_bytes"] > 0
+
+
+def test_the_io_model_refuses_sizes_beyond_its_limits_and_prints_the_largest():
+    from fmtcli.errors import UsageError
+
+    with pytest.raises(UsageError, match="seq=a 401-digit number must be from 1 to 16,777,216"):
+        io_model(1, 1, int(HUGE), 64)
+    with pytest.raises(UsageError, match="block_k=0 must be from 1"):
+        io_model(1, 1, 64, 64, block_k=0)
+    largest = ["--io", "--batch", "1048576", "--heads", "65536", "--seq", "16777216",
+               "--dim", "65536", "--block-k", "1", "--sram", "1099511627776"]
+    for width in (80, 120):
+        assert_fits(succeeds("attention", *largest, env={"COLUMNS": str(width)}).stdout, width)
+    doc = json_of("attention", *largest)
+    n, d, pairs = 1 << 24, 1 << 16, 1 << 36  # Algorithm 0's count, exact integers
+    assert doc["io"]["standard_bytes"] == (4 * n * d + 4 * n * n) * pairs * 2
+
+
 def test_inputs_from_files(tmp_path):
     q, k, v = small(b=1, h=2, n=24, d=8)
     for name, x in zip("qkv", (q, k, v)):

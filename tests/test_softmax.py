@@ -219,6 +219,77 @@ def test_formats_that_overflow_give_nan_and_strict_json(tmp_path):
     assert doc["sum_reference"] == 70000
 
 
+def test_sums_past_float64s_range_are_computed_not_a_crash():
+    """Issue 22 item 14: the exact sums of the reference (1e308 + 1e308) pass float64's
+    max; they are scaled by a power of two, and the reference is the 50-digit answer.
+    The trace in float64 overflows, as float64 arithmetic does: inf, reported as such."""
+    doc = json_of("softmax", "--scores", "0,0", "--values", "1e308,1e308", "--format",
+                  "float64")
+    assert doc["reference"] == 1e308 and doc["running_sum"] == 2.0
+    assert doc["output"] == "inf" and doc["abs_error"] == "inf"
+    scores, values = [0.0, -1.0, 0.5, 0.0], [1.7e308, 1.7e308, -1e308, 1.6e308]
+    exact = float(mpmath_softmax_average(scores, values))
+    assert float(softmax_reference(scores, values)) == pytest.approx(exact, rel=1e-15)
+    matrix = np.array([values, [1.0, 2.0, 3.0, 4.0]]).T  # a large and a small component
+    both = softmax_reference(scores, matrix)
+    assert float(both[0]) == pytest.approx(exact, rel=1e-15)
+    assert float(both[1]) == pytest.approx(float(mpmath_softmax_average(scores, [1, 2, 3, 4])),
+                                           rel=1e-15)
+    result = online_softmax(scores, values, 2, "float64")
+    assert result.rel_error == math.inf and math.isfinite(result.sum_reference)
+
+
+def test_the_reference_is_exact_to_longdouble_on_a_million_keys():
+    """The vectorised sums (error-free pairwise additions) against mpmath's exact ones on
+    2**20 keys whose terms cancel (positive and negative values)."""
+    rng = np.random.default_rng(5)
+    s, v = rng.standard_normal(1 << 20) * 2, rng.standard_normal(1 << 20)
+    with mpmath.workdps(40):
+        m = mpmath.mpf(float(s.max()))
+        e = [mpmath.exp(mpmath.mpf(float(x)) - m) for x in s[:4096]]
+        exact = mpmath.fsum(a * mpmath.mpf(float(b)) for a, b in zip(e, v[:4096])) / mpmath.fsum(e)
+    assert abs(float(softmax_reference(s[:4096], v[:4096])) - float(exact)) <= 1e-17
+    whole = float(softmax_reference(s, v))
+    assert abs(whole - float64_softmax_average(s, v)) <= 1e-14
+
+
+def test_the_recurrence_rounds_l_and_acc_together_once_a_block(monkeypatch):
+    """Issue 22 item 17: 2**20 keys of 16 components in bf16 with stochastic rounding took
+    129 s, four roundings per block in a Python loop.  l and acc now go through each
+    rounding together, and a rescale of 1 (the max did not change) is not rounded (1 * x
+    is x in every mode): about one rounding per block, plus one per key of a block."""
+    from fmtcli.attention import softmax as module
+
+    calls = []
+    original = module._Rounder.__call__
+    monkeypatch.setattr(module._Rounder, "__call__",
+                        lambda self, x: calls.append(np.size(x)) or original(self, x))
+    s, v = random_inputs(4096, 8, seed=2)
+    result = online_softmax(s, v, 16, "bf16", "stochastic")
+    blocks = len(result.blocks)
+    changes = sum(1 for b in result.blocks[1:] if b.rescale != 1)
+    assert len(calls) <= blocks + changes + 16 + 8, (len(calls), blocks, changes)
+    assert result.sum_rel_error < 0.05
+
+
+def test_thousands_of_blocks_are_drawn_line_by_line():
+    """--all-blocks of 65,536 blocks ran past 10 minutes in rich's layout: above
+    render.PLAIN_ROWS rows the trace has one-line headers and its title and caption apart,
+    so render.Fit draws it line by line (plaintable), every row, within 80 columns."""
+    from fmtcli.plaintable import is_plain
+    from fmtcli.render import PLAIN_ROWS
+    from fmtcli.render_softmax import _trace_table
+
+    keys = PLAIN_ROWS + 5
+    out = table(80, "--random", str(keys), "--block", "1", "--all-blocks")
+    numbers = [int(line.split()[0]) for line in out.splitlines()
+               if line.strip() and line.split()[0].isdigit()]
+    assert numbers == list(range(1, keys + 1))
+    assert "arithmetic: max exact" in out and "running sum l" in out
+    trace = online_softmax(*random_inputs(keys, 1, 0), 1)
+    assert is_plain(_trace_table(trace, False, True, plain=True))
+
+
 # -- vectors and inputs ------------------------------------------------------------------
 
 def test_vector_values_one_row_per_key(tmp_path):
@@ -272,8 +343,8 @@ def test_read_numbers_shapes(tmp_path):
 # -- refusals ----------------------------------------------------------------------------
 
 USAGE = [
-    (["--block", "0"], "block must be at least 1, got --block 0"),
-    (["--block", "-2", "--random", "5"], "--block -2"),
+    (["--block", "0"], "'--block': 0 is not in the range 1<=x<=1048576"),
+    (["--block", "-2", "--random", "5"], "'--block': -2 is not in the range"),
     (["--scores", "1,2", "--values", "1"], "2 scores but 1 value"),
     (["--scores", "1,2", "--values", "1,2,3"], "2 scores but 3 values"),
     (["--scores", "1,nan", "--values", "1,2"], "scores must be finite"),
@@ -287,7 +358,7 @@ USAGE = [
     (["--scores", "-", "--values", "-"], "it can be read once"),
     (["--random", "0"], "--random"),
     (["--random", "3", "--dim", "0"], "--dim"),
-    (["--random", "2000000"], "at most 1,048,576 keys"),
+    (["--random", "2000000"], "'--random': 2000000 is not in the range 1<=x<=1048576"),
     (["--random", "1000", "--dim", "100000"], "at most"),
     (["--random", "100000", "--block", "1"], "give a larger block"),
     (["--format", "nope"], "unknown format 'nope'"),

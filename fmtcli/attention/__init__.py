@@ -21,7 +21,8 @@ from ..lazy import lazy_exports
 
 # io_model is also a module's name: importing the module (as fmt attention does) sets the
 # package's attribute io_model to the module, and the lazy lookup below is never asked.
-# The function is bound here instead (io_model.py imports only math).
+# The function is bound here instead (io_model.py imports only the standard library,
+# fmtcli.errors and .limits)..
 from .io_model import io_model as io_model
 
 _EXPORTS = {

@@ -27,10 +27,11 @@ The model counts dense attention: a causal mask changes neither count.
 
 from __future__ import annotations
 
-import math
+import operator
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from .limits import IO_LIMITS
 
 #: The default on-chip memory: the GPU of the paper's Fig. 2.  Dao et al. 2022 §2.1 give the
 #: A100 "192KB of on-chip SRAM per each of 108 streaming multiprocessors".
@@ -45,6 +46,23 @@ PAPER_SHAPE = {"batch": 64, "heads": 16, "seq": 1024, "dim": 64, "element_bits":
 PAPER_FIGURES = {"standard_flops": 66.6e9, "flash_flops": 75.2e9,
                  "standard_bytes": 40.3e9, "flash_bytes": 4.4e9,
                  "standard_ms": 41.7, "flash_ms": 7.3}
+#: The largest value of each size the model takes (``fmt attention``'s options say the same).
+LIMITS = IO_LIMITS
+
+
+def check_limits(**sizes: int | None) -> None:
+    """Each size given (a keyword of ``LIMITS``; None: not given) is an integer from 1 to its
+    limit; else a UsageError naming it, its value and the limit."""
+    for name, value in sizes.items():
+        if value is None:
+            continue
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise UsageError(f"{name}={value!r} must be an integer") from None
+        if not 1 <= value <= LIMITS[name]:
+            shown = f"{value:,}" if value.bit_length() < 64 else f"a {len(str(value))}-digit number"
+            raise UsageError(f"{name}={shown} must be from 1 to {LIMITS[name]:,}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,7 @@ class IoModel:
 
 def paper_blocks(sram_elements: int, dim: int) -> tuple[int, int]:
     """(B_r, B_c) of Algorithm 1 for M elements of SRAM: B_c = ceil(M / 4d), B_r = min(B_c, d)."""
-    block_k = math.ceil(sram_elements / (4 * dim))
+    block_k = -(-sram_elements // (4 * dim))  # integer ceil: exact for any size
     return min(block_k, dim), block_k
 
 
@@ -110,10 +128,9 @@ def io_model(batch: int, heads: int, seq_q: int, dim: int, element_bits: int = 1
     per SM, ``DEFAULT_GPU``).  ``block_q``/``block_k`` override the paper's B_r/B_c (the IO
     count depends on B_c only, through T_c)."""
     seq_k = seq_q if seq_k is None else seq_k
-    for name, value in (("batch", batch), ("heads", heads), ("seq", seq_q), ("seq", seq_k),
-                        ("dim", dim), ("element_bits", element_bits)):
-        if value < 1:
-            raise UsageError(f"{name}={value} must be at least 1")
+    check_limits(batch=batch, heads=heads, seq=seq_q, dim=dim, element_bits=element_bits,
+                 sram_bytes=sram_bytes, block_q=block_q, block_k=block_k)
+    check_limits(seq=seq_k)
     if sram_bytes is None:
         sram_bytes = GPU_SRAM_BYTES[DEFAULT_GPU]
         source = f"the {DEFAULT_GPU}'s {sram_bytes // 1024} KiB per SM, as Dao et al. 2022 assume"
@@ -127,7 +144,7 @@ def io_model(batch: int, heads: int, seq_q: int, dim: int, element_bits: int = 1
     br = block_q if block_q is not None else br
     bc = block_k if block_k is not None else bc
     n, m, d = seq_q, seq_k, dim
-    t_c = math.ceil(m / bc)
+    t_c = -(-m // bc)
     std_fwd = 2 * n * d + 2 * m * d + 4 * n * m
     fl_fwd = n * d + 2 * n + 2 * m * d + t_c * (3 * n * d + 4 * n)
     std_bwd = 7 * n * m + 4 * n * d + 4 * m * d

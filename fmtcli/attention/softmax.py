@@ -38,9 +38,17 @@ values are exact in float64, so those too are the modes' own results.  Float64 i
 numpy's float64 arithmetic (nearest-even), with nothing rounded again.
 
 The reference is computed in extended precision: exponentials and products in
-``np.longdouble`` (64 significand bits on x86), each sum exact (``math.fsum`` of the high and
-low float64 parts), one division: within a few 1e-19 of the average of ``|v|`` (relative)
-where longdouble is x87's, a few 1e-16 where it is float64.
+``np.longdouble`` (64 significand bits on x86), each sum exact to well below longdouble's
+rounding (the products' float64 high parts added pairwise without error, by TwoSum, the low
+parts beside them: ``_two_sum_tree``), one division: within a few 1e-19 of the average of
+``|v|`` (relative) where longdouble is x87's, a few 1e-16 where it is float64.  Products are
+scaled by a power of two where their sum could pass float64's max (values near 1e308), and
+the scale put back after the division.  All of it is vectorised over keys and components:
+2**20 keys of 16 components take seconds.
+
+The recurrence across blocks is a Python loop (each block needs the one before); ``l`` and
+``acc`` are rounded together (one call per step), and a rescale of exactly 1 (the max did
+not change, the common case) is skipped, since ``1 * x`` is ``x`` in F in every mode.
 """
 
 from __future__ import annotations
@@ -54,6 +62,15 @@ from ..choices import RoundingMode
 from ..errors import UsageError
 from ..formats import FormatSpec, resolve_format
 from ..rounding import round_to_format
+from .exact import magnitude as _magnitude
+from .exact import weighted_averages as _weighted_averages
+from .limits import (
+    SOFTMAX_MAX_BLOCK,
+    SOFTMAX_MAX_BLOCKS,
+    SOFTMAX_MAX_ELEMENTS,
+    SOFTMAX_MAX_KEYS,
+    SOFTMAX_MAX_TRACE,
+)
 
 #: The article's worked example: one query, four keys, blocks of two.
 ARTICLE_SCORES = (1.0, 3.0, 2.0, 0.0)
@@ -61,12 +78,12 @@ ARTICLE_VALUES = (10.0, 20.0, 30.0, 40.0)
 ARTICLE_BLOCK = 2
 #: Block size when none is given for inputs other than the article's (its random test).
 DEFAULT_BLOCK = 32
-#: Limits that keep one trace within seconds and its JSON within memory.
-MAX_KEYS = 1 << 20
-MAX_ELEMENTS = 1 << 24  # keys x components of the values
-MAX_BLOCK = 1 << 16  # keys summed one after another in a block
-MAX_BLOCKS = 1 << 16
-MAX_TRACE = 1 << 22  # blocks x components recorded in the trace
+#: Limits that keep one trace within seconds and its JSON within memory (``limits``).
+MAX_KEYS = SOFTMAX_MAX_KEYS
+MAX_ELEMENTS = SOFTMAX_MAX_ELEMENTS  # keys x components of the values
+MAX_BLOCK = SOFTMAX_MAX_BLOCK  # keys summed one after another in a block
+MAX_BLOCKS = SOFTMAX_MAX_BLOCKS
+MAX_TRACE = SOFTMAX_MAX_TRACE  # blocks x components recorded in the trace
 FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
 ARITHMETIC = "max exact; s-m, exp, every product, every sum and acc/l rounded to {f} ({how})"
 
@@ -250,26 +267,13 @@ def _stored(x: np.ndarray, fl: _Rounder, name: str) -> np.ndarray:
     return y
 
 
-def _exact_sum(terms: np.ndarray) -> np.longdouble:
-    """The sum of longdouble ``terms`` (a vector), to longdouble precision: the exact sum of
-    their float64 high and low parts, itself as a high and a low part."""
-    high = terms.astype(np.float64)
-    low = (terms - high.astype(np.longdouble)).astype(np.float64)
-    parts = [*high.tolist(), *low.tolist()]
-    total = math.fsum(parts)
-    return np.longdouble(total) + np.longdouble(math.fsum([*parts, -total]))
-
-
 def softmax_reference(scores, values) -> np.ndarray:
     """The exact softmax-weighted average ``sum exp(s_i) v_i / sum exp(s_i)`` as longdouble
     (a 0-d array for scalar values, one entry per component for vectors): exponentials and
-    products in longdouble, each sum exact (see the module docstring)."""
+    products in longdouble, each sum exact to longdouble precision (see the module
+    docstring), also where the sums pass float64's range."""
     s, v = _as_inputs(scores, values)
-    e = np.exp(s.astype(np.longdouble) - np.longdouble(s.max()))
-    denominator = _exact_sum(e)
-    matrix = v.reshape(v.shape[0], -1).astype(np.longdouble)
-    numerators = [_exact_sum(e * matrix[:, k]) for k in range(matrix.shape[1])]
-    out = np.array(numerators, dtype=np.longdouble) / denominator
+    out, _ = _weighted_averages(s, v.reshape(v.shape[0], -1))
     return out.reshape(()) if v.ndim == 1 else out
 
 
@@ -315,27 +319,33 @@ def online_softmax(scores, values, block: int = DEFAULT_BLOCK,
         real = np.arange(blocks * block).reshape(blocks, block) < keys
         p = np.zeros((blocks, block))  # the padding's exponentials: exact zeros
         p[real] = fl(np.exp(fl((grid - running_max[:, None])[real])))
-        products = fl(p[:, :, None] * vgrid)
-        block_sum, block_weighted = p[:, 0], products[:, 0]
+        # column 0: the weights (for l), then their products with each component (acc):
+        # l and acc go through the same roundings together, one call per step
+        terms = np.empty((blocks, block, width + 1))
+        terms[:, :, 0] = p
+        terms[:, :, 1:] = fl(p[:, :, None] * vgrid)
+        sums = terms[:, 0]
         for j in range(1, block):  # one rounding per add, in key order, all blocks at once
-            block_sum = fl(block_sum + p[:, j])
-            block_weighted = fl(block_weighted + products[:, j])
-        running_sum = np.empty(blocks)
-        weighted = np.empty((blocks, width))
-        running_sum[0], weighted[0] = block_sum[0], block_weighted[0]
+            sums = fl(sums + terms[:, j])
+        del terms
+        state = np.empty((blocks, width + 1))
+        state[0] = sums[0]
         for j in range(1, blocks):  # the recurrence across blocks (Milakov & Gimelshein)
-            running_sum[j] = fl(fl(rescale[j] * running_sum[j - 1]) + block_sum[j])
-            weighted[j] = fl(fl(rescale[j] * weighted[j - 1]) + block_weighted[j])
+            # rescale 1 (the max did not change): 1 * x is x, in F, in every mode
+            old = state[j - 1] if rescale[j] == 1 else fl(rescale[j] * state[j - 1])
+            state[j] = fl(old + sums[j])
+        running_sum, weighted, block_sum = state[:, 0], state[:, 1:], sums[:, 0]
         output = fl(weighted / running_sum[:, None])
-    reference = softmax_reference(s, v).reshape(width)
+    matrix = v.reshape(keys, width)
+    reference, denominator = _weighted_averages(s, matrix)
+    magnitude = _magnitude(s, matrix)
     error = np.abs(output[-1].astype(np.longdouble) - reference).astype(np.float64)
     worst = int(np.argmax(np.where(np.isnan(error), np.inf, error)))
-    magnitude = float(np.max(softmax_reference(s, np.abs(v))))
-    exact_sum = float(_exact_sum(np.exp(s.astype(np.longdouble) - np.longdouble(s.max()))))
+    exact_sum = float(denominator)
     changed = int(np.count_nonzero(s != s_given) + np.count_nonzero(v != v_given))
     moved = 0.0
     if changed:
-        given = softmax_reference(s_given, v_given).reshape(width)
+        given = _weighted_averages(s_given, v_given.reshape(keys, width))[0]
         moved = float(np.max(np.abs(given - reference)))
     how = ("numpy float64, nearest-even" if fl.exact else
            f"each computed in float64 and rounded once, {rounding.value}")

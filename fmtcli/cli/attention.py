@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..attention.limits import IO_LIMITS as LIMITS
 from ..choices import AttentionDevice, ScaleGranularity
 from ..errors import UsageError
 from .app import UsageWithEllipsis, app
@@ -19,7 +20,7 @@ DEFAULT_SHAPE = {"batch": 1, "heads": 8, "seq": 1024, "dim": 64}
 
 def _shape_option(name: str, text: str):
     return Annotated[Optional[int], typer.Option(
-        f"--{name}", min=1, metavar="N", show_default=False,
+        f"--{name}", min=1, max=LIMITS[name], metavar="N", show_default=False,
         help=f"{text}  [default: {DEFAULT_SHAPE[name]}; with FILEs: theirs]")]
 
 
@@ -38,11 +39,11 @@ def attention_command(
     causal: Annotated[bool, typer.Option(
         "--causal", help="Causal mask: query i sees keys 0..i.")] = False,
     block_q: Annotated[Optional[int], typer.Option(
-        "--block-q", min=1, metavar="BR", show_default=False,
+        "--block-q", min=1, max=LIMITS["block_q"], metavar="BR", show_default=False,
         help="Query rows per block (B_r): the scale block of Q, the tile of P.  [default: "
         "Algorithm 1's min(ceil(M/4d), d), M = --sram in elements]")] = None,
     block_k: Annotated[Optional[int], typer.Option(
-        "--block-k", min=1, metavar="BC", show_default=False,
+        "--block-k", min=1, max=LIMITS["block_k"], metavar="BC", show_default=False,
         help="Keys per block (B_c): the online softmax's step and the scale block of K, V.  "
         "[default: Algorithm 1's ceil(M/4d)]")] = None,
     format_name: Annotated[Optional[str], typer.Option(
@@ -64,7 +65,7 @@ def attention_command(
         help="Random inputs: this fraction of entries gets an extra N(0, 100) term "
         "(FlashAttention-3 §4.3 uses 0.001).")] = 0.0,
     sram: Annotated[Optional[int], typer.Option(
-        "--sram", min=1, metavar="BYTES", show_default=False,
+        "--sram", min=1, max=LIMITS["sram_bytes"], metavar="BYTES", show_default=False,
         help="On-chip memory M of the IO model, bytes.  [default: 196608, the A100's 192 "
         "KiB per SM that Dao et al. 2022 assume]")] = None,
     device: Annotated[Optional[AttentionDevice], typer.Option(

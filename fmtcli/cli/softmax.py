@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..attention.limits import SOFTMAX_MAX_ELEMENTS, SOFTMAX_MAX_KEYS
 from ..choices import RoundingMode
 from ..errors import UsageError, shown
 from .app import app
@@ -26,13 +27,13 @@ def softmax_command(
         help="The values, one per key: a list, or a file of a vector or of a matrix with "
              "one row per key (vectors: the table shows component 0).")] = None,
     block: Annotated[Optional[int], typer.Option(
-        "--block", metavar="N", show_default=False,
+        "--block", metavar="N", min=1, max=SOFTMAX_MAX_KEYS, show_default=False,
         help="Keys per block.  [default: 2 for the article's example, else 32]")] = None,
     random: Annotated[Optional[int], typer.Option(
-        "--random", metavar="N", min=1, show_default=False,
+        "--random", metavar="N", min=1, max=SOFTMAX_MAX_KEYS, show_default=False,
         help="Draw N scores and values from N(0, 1) (float32) instead.")] = None,
     dim: Annotated[Optional[int], typer.Option(
-        "--dim", metavar="D", min=1, show_default=False,
+        "--dim", metavar="D", min=1, max=SOFTMAX_MAX_ELEMENTS, show_default=False,
         help="Components of each random value (with --random).  [default: 1]")] = None,
     seed: Annotated[int, typer.Option(
         "--seed", metavar="S", min=0, max=2**64 - 1,
