@@ -168,7 +168,11 @@ def _sum_caption(result: SumResult) -> str:
                 "rounded back to w; stalled after: the weight never moved again after that "
                 "many updates.  Without an FP32 master copy small updates are lost "
                 "(Micikevicius et al. 2018, §3.1)")
-    lines = [f"exact sum {exact} (math.fsum of the stored values); absorbed: nonzero values "
+    if not math.isfinite(result.exact) and result.exact_text:
+        exact = f"{result.exact_text} (the stored values' exact sum: beyond float64)"
+    else:
+        exact += " (the stored values' exact sum, to float64)"
+    lines = [f"exact sum {exact}; absorbed: nonzero values "
              "that changed nothing when added; stalled after: the running sum never changed "
              "again after that many values"]
     stalled = [a for a in result.accumulators if a.stalled_at is not None]

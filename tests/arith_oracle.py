@@ -27,9 +27,13 @@ def finite_values(dtype_name: str) -> tuple[Fraction, ...]:
     return tuple(sorted({Fraction(float(v)) for v in values if np.isfinite(v)}))
 
 
-def choose(q: Fraction, lo: Fraction, hi: Fraction, mode: str, lo_even: bool) -> Fraction:
-    """The mode's pick between neighbours lo < q < hi (lo_even: lo has an even last bit)."""
+def choose(q: Fraction, lo: Fraction, hi: Fraction, mode: str, lo_even: bool,
+           u: float | None = None) -> Fraction:
+    """The mode's pick between neighbours lo < q < hi (lo_even: lo has an even last bit);
+    stochastic: hi when the uniform u is below (q - lo) / (hi - lo)."""
     mid = (lo + hi) / 2
+    if mode == "stochastic":
+        return hi if Fraction(u) < (q - lo) / (hi - lo) else lo
     if mode == "nearest-even":
         return lo if q < mid or (q == mid and lo_even) else hi
     if mode == "nearest-away":
@@ -44,7 +48,7 @@ def choose(q: Fraction, lo: Fraction, hi: Fraction, mode: str, lo_even: bool) ->
     raise ValueError(mode)
 
 
-def round_listed(q: Fraction, dtype_name: str, mode: str):
+def round_listed(q: Fraction, dtype_name: str, mode: str, u: float | None = None):
     """q rounded to the listed format; OVERFLOW past its largest finite value."""
     values = finite_values(dtype_name)
     if q < values[0] or q > values[-1]:
@@ -53,7 +57,7 @@ def round_listed(q: Fraction, dtype_name: str, mode: str):
     if values[i] == q:
         return q
     lo, hi = values[i - 1], values[i]
-    return choose(q, lo, hi, mode, _even_code(lo, dtype_name))
+    return choose(q, lo, hi, mode, _even_code(lo, dtype_name), u)
 
 
 def _even_code(v: Fraction, dtype_name: str) -> bool:
@@ -64,7 +68,8 @@ def _even_code(v: Fraction, dtype_name: str) -> bool:
     return int(code) % 2 == 0
 
 
-def round_binary(q: Fraction, p: int, emin: int, emax: int, mode: str):
+def round_binary(q: Fraction, p: int, emin: int, emax: int, mode: str,
+                 u: float | None = None):
     """q rounded to the binary format of p significand bits, smallest normal 2**emin and
     largest binade 2**emax (IEEE-style: max = (2 - 2**(1-p)) * 2**emax); OVERFLOW past it
     (nearest modes round to max up to half a spacing above)."""
@@ -81,8 +86,8 @@ def round_binary(q: Fraction, p: int, emin: int, emax: int, mode: str):
         magnitude = a
     else:
         # the lower neighbour of a negative q is -hi, of k + 1 units
-        pick = choose(q, -hi, -lo, mode, (k + 1) % 2 == 0) if q < 0 else \
-            choose(q, lo, hi, mode, k % 2 == 0)
+        pick = choose(q, -hi, -lo, mode, (k + 1) % 2 == 0, u) if q < 0 else \
+            choose(q, lo, hi, mode, k % 2 == 0, u)
         magnitude = abs(pick)
     top = (2 - Fraction(2) ** (1 - p)) * Fraction(2) ** emax
     if magnitude > top:

@@ -21,7 +21,8 @@ from arith_oracle import FLOAT32, OVERFLOW, round_binary, round_listed
 from cli_helpers import assert_fits, assert_usage_error, invoke, json_of, succeeds
 
 from fmtcli.arithmetic.calc import calculate, exact_text, parse_expression
-from fmtcli.arithmetic.ops import Arithmetic, arithmetic_spec, round_float, round_rational
+from fmtcli.arithmetic.ops import Arithmetic, arithmetic_spec, round_rational
+from fmtcli.arithmetic.pairs import round_float
 from fmtcli.choices import RoundingMode
 from fmtcli.errors import UsageError
 
@@ -161,6 +162,19 @@ def test_overflow_underflow_and_special_values_follow_ieee():
 
 
 # -- the article -----------------------------------------------------------------------
+
+def test_a_zero_plus_a_zero_of_its_sign_keeps_it_in_every_mode():
+    """IEEE 754 §6.3: x + x = x for zeros (+0 + +0 = +0 even rounding down); only a sum of
+    opposite signs is -0 rounding down, +0 otherwise."""
+    for mode in MODES:
+        bf16 = Arithmetic(arithmetic_spec("bf16")[0], mode)
+        assert math.copysign(1, bf16.add(0.0, 0.0)[1]) == 1
+        assert math.copysign(1, bf16.add(-0.0, -0.0)[1]) == -1
+        opposite = -1 if mode == "down" else 1
+        assert math.copysign(1, bf16.add(0.0, -0.0)[1]) == opposite
+        assert math.copysign(1, bf16.add(1.0, -1.0)[1]) == opposite
+        assert math.copysign(1, bf16.fma(0.0, 1.0, 0.0)[1]) == 1
+
 
 def test_one_plus_two_to_the_minus_nine_is_one_in_bf16():
     """The article: "1 + 2^-9 is exactly 1 in BF16"; FP16 and FP32 hold 1.001953125."""

@@ -1,9 +1,11 @@
 """Arithmetic in a format, the article's second lesson: every operation computed exactly
 and rounded once, in a chosen format and rounding mode.
 
-- ``ops`` -- the round-once engine: a rational or a float64 rounded to any format by any
-  mode (``round_rational``, ``round_float``), and ``Arithmetic``: +, -, *, /, fma and sqrt
-  IEEE 754 style;
+- ``ops`` -- the round-once engine: a rational rounded to any format by any mode
+  (``round_rational``), and ``Arithmetic``: +, -, *, /, fma and sqrt IEEE 754 style;
+- ``pairs`` -- the same rounding in float arithmetic, of a float64 (``round_float``) or of
+  an exact sum held as a TwoSum pair, scalar and numpy: the additions of ``fmt sum``;
+  ``exactsum`` the exact sum of float64 values (an integer count of 2^-1074);
 - ``calc`` -- ``fmt calc``: a small expression evaluated step by step in each format, each
   step's exact value, rounded value and error, and where a term was absorbed;
 - ``summation`` -- ``fmt sum``: values added with the running sum held in each accumulator
@@ -23,8 +25,8 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _EXPORTS = {
-    "Arithmetic": "ops", "round_rational": "ops", "round_float": "ops",
-    "float_rounder": "ops", "arithmetic_spec": "ops", "arithmetic_specs": "ops",
+    "Arithmetic": "ops", "round_rational": "ops", "round_float": "pairs",
+    "float_rounder": "pairs", "arithmetic_spec": "ops", "arithmetic_specs": "ops",
     "CalcResult": "calc", "CalcFormat": "calc", "CalcStep": "calc", "calculate": "calc",
     "parse_expression": "calc",
     "SumResult": "summation", "AccumulatorResult": "summation", "sum_values": "summation",

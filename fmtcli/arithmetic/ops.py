@@ -19,10 +19,11 @@ How exactly:
   one (``_sqrt_rounded``).  No double rounding anywhere: going through float64 would be safe
   only for +, -, *, / into formats of at most 25 significand bits (53 >= 2p + 2, Figueroa
   1995), not for float32 fma or sqrt, nor for directed modes.
-- ``float_rounder`` / ``round_float``: the same rounding of a float64 value in plain float
-  arithmetic (about half a microsecond in a loop): what ``fmt sum``'s serial loops use,
-  with TwoSum (Knuth) to know when a float64 sum was itself inexact (then the exact path
-  decides).
+- ``pairs``: the same rounding of a float64 value, or of an exact sum held as a TwoSum
+  pair, in float arithmetic (scalar and numpy): what ``fmt sum`` runs.
+- Stochastic rounding goes up (toward +inf) when a uniform u of the generator is below
+  (x - lo) / (hi - lo), lo < x < hi the grid neighbours (as ``round_to_format``); here
+  one u is drawn per inexact rounding.
 - Special values follow IEEE 754 §6: inf - inf, 0 * inf, 0/0, inf/inf and sqrt of a
   negative are NaN; x/0 is a signed inf; an exact zero sum is +0 (-0 when rounding
   ``down``), -0 + -0 is -0; sqrt(-0) is -0.
@@ -41,6 +42,7 @@ from ..choices import OverflowPolicy, RoundingMode
 from ..errors import UsageError, shown
 from ..formats import FormatSpec, Specials, resolve_format
 from ..rounding import round_to_format
+from .pairs import finish, overflow_value
 
 FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
 #: Bits of the square roots in "exact" references (a square root is rarely rational).
@@ -67,152 +69,57 @@ def format_label(spec: FormatSpec) -> str:
     return "float64" if is_float64(spec) else spec.name
 
 
-def _overflow_value(spec: FormatSpec, rounding: RoundingMode, overflow: OverflowPolicy,
-                    negative: bool) -> float:
-    """What a finite result beyond max becomes (IEEE 754 §7.4, as ``round_to_format``):
-    directed modes that round toward zero give max, the others inf (NaN where the format
-    has no inf); saturation, and formats without inf or NaN, give max."""
-    top = spec.max
-    if overflow is OverflowPolicy.SATURATE or not (spec.has_inf or spec.has_nan) \
-            or rounding is RoundingMode.TOWARD_ZERO \
-            or (rounding is RoundingMode.UP and negative) \
-            or (rounding is RoundingMode.DOWN and not negative):
-        magnitude = top
-    else:
-        magnitude = math.inf if spec.has_inf else math.nan
-    return -magnitude if negative else magnitude
-
-
-def _finish(magnitude_units: int, ulp_exponent: int, negative: bool, spec: FormatSpec,
-            rounding: RoundingMode, overflow: OverflowPolicy) -> float:
-    """``magnitude_units * 2**ulp_exponent`` with the sign, then the format's range rules."""
-    if not spec.signed and negative:
-        return math.nan  # an unsigned format has no code for a negative number
-    if magnitude_units == 0:
-        if not spec.has_zero:  # E8M0: below the smallest value there is only the smallest
-            return spec.smallest_normal
-        return -0.0 if negative and spec.has_negative_zero else 0.0
-    if ulp_exponent + magnitude_units.bit_length() > 1100:
-        return _overflow_value(spec, rounding, overflow, negative)
-    try:
-        value = math.ldexp(magnitude_units, ulp_exponent)  # exact: <= 2**(m+1) units
-    except OverflowError:
-        return _overflow_value(spec, rounding, overflow, negative)
-    if value > spec.max:
-        return _overflow_value(spec, rounding, overflow, negative)
-    if not spec.has_zero and value < spec.smallest_normal:
-        value = spec.smallest_normal
-    return -value if negative else value
-
-
-def _round_up(mode: RoundingMode, negative: bool, units: int, remainder: Fraction | float,
+def _round_up(mode: RoundingMode, negative: bool, units: int, rest: int, den: int,
               rng) -> bool:
-    """Whether the magnitude goes up to ``units + 1`` (``remainder``: what is left, in
-    units of the spacing, 0 < remainder < 1)."""
+    """Whether the magnitude goes up to ``units + 1`` (what is left is ``rest / den`` units
+    of the spacing, 0 < rest < den; integer comparisons, no Fraction to normalise)."""
     if mode is RoundingMode.NEAREST_EVEN:
-        return remainder > 0.5 or (remainder == 0.5 and units & 1 == 1)
+        return 2 * rest > den or (2 * rest == den and units & 1 == 1)
     if mode is RoundingMode.NEAREST_AWAY:
-        return remainder >= 0.5
+        return 2 * rest >= den
     if mode is RoundingMode.TOWARD_ZERO:
         return False
     if mode is RoundingMode.UP:
         return not negative
     if mode is RoundingMode.DOWN:
         return negative
-    if mode is RoundingMode.STOCHASTIC:  # up with probability ``remainder``
+    if mode is RoundingMode.STOCHASTIC:  # on the real line: toward +inf when u < the rest
         if rng is None:
             raise UsageError("stochastic rounding needs a seeded generator")
-        return Fraction(rng.random()) < remainder
+        p, q = rng.random().as_integer_ratio()  # u = p / q, q a power of two
+        if negative:  # magnitude up (toward -inf) when u >= 1 - rest / den
+            return (q - p) * den <= rest * q
+        return p * den < rest * q
     raise UsageError(f"unknown rounding mode {mode!r}")  # pragma: no cover - closed enum
 
 
-def round_rational(q: Fraction | int, spec: FormatSpec,
+def round_rational(q, spec: FormatSpec,
                    rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
                    overflow: OverflowPolicy = OverflowPolicy.IEEE, rng=None,
                    negative_zero: bool = False) -> float:
-    """The exact rational ``q`` rounded once to ``spec`` by ``rounding``: a float holding a
-    value of the format (or inf/NaN).  A zero ``q`` gives -0.0 with ``negative_zero`` (where
-    the format has -0).  ``rng`` (a numpy Generator) draws stochastic rounding."""
-    q = Fraction(q)
+    """The exact rational ``q`` (an int, a Fraction, or anything with an integer
+    ``numerator`` and a positive ``denominator``, not necessarily in lowest terms: a
+    ``calc.Ratio``) rounded once to ``spec`` by ``rounding``: a float holding a value of the
+    format (or inf/NaN).  A zero ``q`` gives -0.0 with ``negative_zero`` (where the format
+    has -0).  ``rng`` (a numpy Generator) draws stochastic rounding."""
     rounding, overflow = RoundingMode(rounding), OverflowPolicy(overflow)
-    if q == 0:
-        return _finish(0, 0, negative_zero, spec, rounding, overflow)
-    negative = q < 0
-    n, d = abs(q.numerator), q.denominator
+    n, d = q.numerator, q.denominator
+    if n == 0:
+        return finish(0, 0, negative_zero, spec, rounding, overflow)
+    negative = n < 0
+    n = abs(n)
     e = n.bit_length() - d.bit_length()  # floor(log2(n / d)) is e or e - 1
     if e > spec.max_exponent + 1:  # at least 2**(max_exponent + 1): beyond max
-        return _overflow_value(spec, rounding, overflow, negative) if spec.signed or \
+        return overflow_value(spec, rounding, overflow, negative) if spec.signed or \
             not negative else math.nan
     if (n << max(0, -e)) < (d << max(0, e)):
         e -= 1
     ulp = max(e, spec.min_exponent) - spec.mantissa_bits
     num, den = (n, d << ulp) if ulp >= 0 else (n << -ulp, d)
     units, rest = divmod(num, den)
-    if rest and _round_up(rounding, negative, units, Fraction(rest, den), rng):
+    if rest and _round_up(rounding, negative, units, rest, den, rng):
         units += 1
-    return _finish(units, ulp, negative, spec, rounding, overflow)
-
-
-def float_rounder(spec: FormatSpec, rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
-                  overflow: OverflowPolicy = OverflowPolicy.IEEE, rng=None):
-    """A function rounding a float64 value to ``spec`` as ``round_rational`` does, in float
-    arithmetic with every step exact: a power-of-two scaling to units of the format's
-    spacing, an integer rounding (Python's ``round`` is ties-to-even), the scaling back.
-    The format's figures are looked up once, so a serial loop pays ~0.5 µs a value.
-    Zeros, inf and NaN go through ``round_to_format``."""
-    rounding = RoundingMode(rounding)
-    overflow = OverflowPolicy(overflow)
-    m1, emin1, top = spec.mantissa_bits + 1, spec.min_exponent + 1, spec.max
-    plain = spec.signed and spec.has_zero
-    frexp, ldexp = math.frexp, math.ldexp
-    if rounding is RoundingMode.NEAREST_AWAY:
-        def integer(y: float) -> int:
-            units = math.trunc(y)
-            if abs(y - units) >= 0.5:
-                units += 1 if y > 0 else -1
-            return units
-    elif rounding is RoundingMode.STOCHASTIC:  # magnitude up with probability = the rest
-        if rng is None:
-            raise UsageError("stochastic rounding needs a seeded generator")
-
-        def integer(y: float) -> int:
-            units = math.floor(y)
-            return units + (rng.random() < y - units)
-    else:
-        integer = {RoundingMode.NEAREST_EVEN: round, RoundingMode.TOWARD_ZERO: math.trunc,
-                   RoundingMode.UP: math.ceil, RoundingMode.DOWN: math.floor}[rounding]
-
-    def rounded(x: float) -> float:
-        if x == 0 or x - x != 0:  # zero, inf or NaN
-            return float(round_to_format(np.array([x]), spec, rounding, overflow,
-                                         rng=rng)[0])
-        e = frexp(x)[1]
-        shift = m1 - (e if e > emin1 else emin1)
-        units = integer(ldexp(x, shift))  # x in units of the spacing (signed): exact
-        if units and plain:
-            try:
-                value = ldexp(units, -shift)  # exact: at most 2**(m+1) units
-            except OverflowError:  # 2**1024 and beyond: _finish says what it becomes
-                value = math.inf
-            if -top <= value <= top:
-                return value
-        return _finish(abs(units), -shift, x < 0, spec, rounding, overflow)
-
-    return rounded
-
-
-def round_float(x: float, spec: FormatSpec,
-                rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
-                overflow: OverflowPolicy = OverflowPolicy.IEEE, rng=None) -> float:
-    """``round_rational`` of a float64 value, in float arithmetic (``float_rounder``)."""
-    return float_rounder(spec, rounding, overflow, rng)(x)
-
-
-def two_sum(a: float, b: float) -> tuple[float, float]:
-    """Knuth's TwoSum: ``s = fl64(a + b)`` and the exact ``a + b - s`` (finite a, b, s)."""
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
+    return finish(units, ulp, negative, spec, rounding, overflow)
 
 
 def _sign(x: float) -> bool:
@@ -303,10 +210,11 @@ class Arithmetic:
             return self._special(exact)
         return self._round(exact)
 
-    def _zero_sum(self, a_negative: bool, b_negative: bool) -> float:
-        """The zero that an exact zero sum is (IEEE 754 §6.3)."""
-        if a_negative and b_negative:
-            return self._special(-0.0)
+    def _zero_sum(self, zero_signs: tuple[bool, bool] | None = None) -> float:
+        """The zero that an exact zero sum is (IEEE 754 §6.3): +0, -0 rounding down; but
+        x + x = x where both terms are zeros of one sign (``zero_signs``: their signs)."""
+        if zero_signs is not None and zero_signs[0] is zero_signs[1]:
+            return self._special(-0.0 if zero_signs[0] else 0.0)
         return self._special(-0.0 if self.rounding is RoundingMode.DOWN else 0.0)
 
     def add(self, a: float, b: float) -> tuple[Number, float]:
@@ -319,8 +227,7 @@ class Arithmetic:
             return total, self._special(total)
         exact = Fraction(a) + Fraction(b)
         if exact == 0:
-            zero = self._zero_sum(_sign(a), _sign(b)) if a == 0 and b == 0 else \
-                self._zero_sum(False, False)
+            zero = self._zero_sum((_sign(a), _sign(b)) if a == 0 and b == 0 else None)
             return zero, zero
         return exact, self._round(exact)
 
@@ -371,8 +278,8 @@ class Arithmetic:
         exact = Fraction(a) * Fraction(b) + Fraction(c)
         if exact == 0:
             product_zero = a == 0 or b == 0
-            zero = self._zero_sum(product_negative, _sign(c)) if product_zero and c == 0 \
-                else self._zero_sum(False, False)
+            zero = self._zero_sum((product_negative, _sign(c)) if product_zero and c == 0
+                                  else None)
             return zero, zero
         return exact, self._round(exact)
 

@@ -9,9 +9,15 @@ half of it exceeds 0.01); FP32 goes on.
 
 The model: the values are first stored in ``format`` (float32 by default, nearest-even);
 each addition of a stored value to the running sum is computed exactly and rounded once to
-the accumulator's format by ``rounding`` (``ops``).  The exact sum of the stored values
-(``math.fsum``: correctly rounded to float64) is the reference, so an accumulator's error
-is its own, and ``inputs_rounded`` says how many values storing changed.
+the accumulator's format by ``rounding`` (``pairs``: TwoSum, then one rounding of the
+exact pair).  The exact sum of the stored values (``exactsum``: an integer count of
+2^-1074, so a sum beyond float64's range -- 1e308 + 1e308 -- is still exact; shown
+correctly rounded to float64, inf beyond it) is the reference, so an accumulator's error
+is its own (from the exact difference), and ``inputs_rounded`` says how many values
+storing changed.  Stochastic rounding draws one uniform per addition from a generator
+seeded with ``seed`` (one generator per accumulator), in the order the additions are made
+(pairwise: level by level; blocked: the blocks' j-th additions together, then the block
+sums; kahan: four a value, in the order of the algorithm).
 
 Orders (``order``):
 - ``sequential``: s = fl(s + x_i), i = 1..n;
@@ -34,14 +40,14 @@ How fast: a sequential sum whose values the accumulator holds exactly (float16, 
 float32, float64; nearest-even) runs as numpy's ``add.accumulate`` in that dtype, one
 rounding per step (float16 and bfloat16 add through float32: 24 >= 2p + 2 bits, so no
 double rounding -- Figueroa 1995); pairwise and blocked sums are vectorised across pairs
-and blocks (``rounding.round_to_format`` of float64 sums, made exact by TwoSum where a
-float64 sum was inexact); other cases are a Python loop with float arithmetic exact to the
-bit (``ops.float_rounder``), ~1 µs a value (Kahan ~4 µs), up to MAX_LOOP (MAX_KAHAN)
-values.
+and blocks in every mode (``pairs.add_arrays``); other cases are a Python loop with float
+arithmetic exact to the bit (``pairs.pair_adder``), ~1 µs a value (Kahan ~4 µs), up to
+MAX_LOOP (MAX_KAHAN) values.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -52,19 +58,16 @@ from ..choices import RoundingMode
 from ..errors import UsageError
 from ..formats import FormatSpec
 from ..rounding import round_to_format
-from .ops import (
-    Arithmetic,
-    arithmetic_spec,
-    float_rounder,
-    format_label,
-    is_float64,
-    round_rational,
-)
+from . import exactsum
+from .ops import arithmetic_spec, format_label, is_float64
+from .pairs import add_arrays, pair_adder
+from .runs import running_sum
 from .sum_inputs import DEFAULT_COUNT, MAX_VALUES, check_count, parse_order, short_number
 
 DEFAULT_ACCUMULATORS = ("bfloat16", "float16", "float32", "float64")
 MAX_LOOP = 2_000_000  # values a Python loop adds (~1 µs each per accumulator)
 MAX_KAHAN = 500_000  # values of a Kahan sum (four roundings a value: ~4 µs)
+_CHUNK = 1 << 16  # values a loop takes from numpy at a time
 
 
 @dataclass(frozen=True)
@@ -129,11 +132,13 @@ class SumResult:
     exact: float
     accumulators: tuple[AccumulatorResult, ...]
     update: WeightUpdate | None = None
+    exact_text: str = ""
 
     def to_dict(self) -> dict:
         return {"source": self.source, "count": self.count, "format": self.format,
                 "inputs_rounded": self.inputs_rounded, "order": self.order,
                 "block": self.block, "rounding": self.rounding, "exact": self.exact,
+                "exact_text": self.exact_text,
                 "accumulators": [a.to_dict() for a in self.accumulators],
                 "update": None if self.update is None else self.update.to_dict()}
 
@@ -157,52 +162,33 @@ def _native_dtype(spec: FormatSpec):
 
 
 class _Adder:
-    """fl(a + b) in one format and mode, exact to the bit, on scalars (``add``, a closure
-    with the format's figures bound) and on arrays (``add_arrays``)."""
+    """fl(a + b) in one format and mode, exact to the bit (``pairs``), on scalars (``add``)
+    and on arrays (``add_arrays``); stochastic rounding draws one uniform per addition from
+    a generator seeded with ``seed``, in the order the additions are made."""
 
     def __init__(self, spec: FormatSpec, rounding: RoundingMode, seed: int) -> None:
         self.spec = spec
         self.rounding = rounding
-        self.arithmetic = Arithmetic(spec, rounding, seed=seed)
-        self.rng = self.arithmetic.rng
-        self.plain64 = is_float64(spec) and rounding is RoundingMode.NEAREST_EVEN
-        self.add = self._scalar_adder()
+        self.rng = np.random.default_rng(seed) if rounding is RoundingMode.STOCHASTIC \
+            else None
+        self.add = pair_adder(spec, rounding)
 
-    def _scalar_adder(self):
-        rounded = float_rounder(self.spec, self.rounding, rng=self.rng)
-        spec, rounding, rng, special = self.spec, self.rounding, self.rng, self.arithmetic.add
-        isfinite = math.isfinite
-        plain64 = self.plain64
-
-        def add(a: float, b: float) -> float:
-            t = a + b
-            if t != 0 and isfinite(t):
-                if plain64:
-                    return t  # float64's own addition is the correctly rounded sum
-                bb = t - a
-                if (a - (t - bb)) + (b - bb) == 0:  # TwoSum: t is the exact sum
-                    return rounded(t)
-                return round_rational(Fraction(a) + Fraction(b), spec, rounding, rng=rng)
-            return special(a, b)[1]  # zeros, inf, NaN, beyond float64
-
-        return add
+    def uniforms(self, n: int):
+        """The uniforms of the next n additions (a list), or zeros without stochastic
+        rounding (an endless iterator)."""
+        return itertools.repeat(0.0) if self.rng is None else self.rng.random(n).tolist()
 
     def add_arrays(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Elementwise fl(a + b): float64 sums rounded by the engine; where TwoSum says a
-        float64 sum was inexact, or it is zero or not finite, the scalar path decides."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            t = a + b
-            bb = t - a
-            err = (a - (t - bb)) + (b - bb)
-            out = t.copy() if self.plain64 else \
-                round_to_format(t, self.spec, self.rounding, rng=self.rng)
-        suspect = ~np.isfinite(t) | (t == 0)
-        if not self.plain64:
-            suspect |= err != 0
-        fix = np.flatnonzero(suspect)
-        for i in fix.tolist():
-            out[i] = self.add(float(a[i]), float(b[i]))
-        return out
+        """Elementwise fl(a + b), vectorised in every mode."""
+        u = None if self.rng is None else self.rng.random(a.size)
+        return add_arrays(a, b, self.spec, self.rounding, u=u)
+
+
+def _chunks(values: np.ndarray, adder: _Adder, per_value: int = 1):
+    """(values, uniforms) a chunk at a time: Python floats, ``per_value`` uniforms each."""
+    for start in range(0, values.size, _CHUNK):
+        xs = values[start:start + _CHUNK].tolist()
+        yield xs, adder.uniforms(len(xs) * per_value)
 
 
 def _track(running: np.ndarray, values: np.ndarray) -> tuple[int | None, int]:
@@ -224,27 +210,28 @@ def _stall(last: int, values: np.ndarray, final: float) -> int | None:
     return None
 
 
+def _held(values: np.ndarray, adder: _Adder, native) -> np.ndarray | None:
+    """The values in the accumulator's numpy type where it holds them all exactly and
+    rounds to nearest-even (numpy's own arithmetic then is the format's), else None."""
+    if native is None or adder.rounding is not RoundingMode.NEAREST_EVEN:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        typed = values.astype(native)
+    return typed if np.array_equal(typed.astype(np.float64), values) else None
+
+
 def _sequential(values: np.ndarray, adder: _Adder, native) -> tuple[float, int | None, int, str]:
     """(sum, stalled_at, absorbed, method) of s = fl(s + x_i)."""
-    if native is not None and adder.rounding is RoundingMode.NEAREST_EVEN:
-        typed = values.astype(native)
-        if np.array_equal(typed.astype(np.float64), values):
+    typed = _held(values, adder, native)
+    if typed is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
             running = np.add.accumulate(typed, dtype=native)
             stalled, absorbed = _track(running, values)
             return float(running[-1]), stalled, absorbed, \
                 f"numpy add.accumulate in {np.dtype(native).name}"
     _check_loop(values.size, "sequential")
-    s = 0.0
-    last = absorbed = 0
-    add = adder.add
-    for i, x in enumerate(values.tolist(), 1):
-        new = add(s, x)
-        if new == s or (new != new and s != s):
-            absorbed += x != 0
-        else:
-            last = i
-        s = new
-    return s, _stall(last, values, s), absorbed, "exact loop (ops.float_rounder)"
+    s, last, absorbed = running_sum(values, adder.spec, adder.rounding, adder.rng)
+    return s, _stall(last, values, s), absorbed, "runs within binades, vectorised (exact)"
 
 
 def _kahan(values: np.ndarray, adder: _Adder, native) -> tuple[float, int | None, int, str]:
@@ -252,43 +239,48 @@ def _kahan(values: np.ndarray, adder: _Adder, native) -> tuple[float, int | None
     if values.size > MAX_KAHAN:
         raise UsageError(f"{values.size:,} values: a kahan sum runs a Python loop, at most "
                          f"{MAX_KAHAN:,} values")
-    if native is not None and adder.rounding is RoundingMode.NEAREST_EVEN and \
-            np.array_equal(values.astype(native).astype(np.float64), values):
-        xs = values.astype(native).tolist() if native is np.float64 else \
-            list(values.astype(native))
+    typed = _held(values, adder, native)
+    if typed is not None:
+        xs = typed.tolist() if native is np.float64 else list(typed)
         s = c = 0.0 if native is np.float64 else native(0)
-        method = f"numpy {np.dtype(native).name} scalars"
-
-        def step(s, c, x):
-            y = x - c
-            t = s + y
-            return t, (t - s) - y
-    else:
-        xs = values.tolist()
-        s = c = 0.0
-        add = adder.add
-        method = "exact loop (ops.float_rounder)"
-
-        def step(s, c, x):
-            y = add(x, -c)
-            t = add(s, y)
-            return t, add(add(t, -s), -y)
-    last = absorbed = 0
-    with np.errstate(over="ignore", invalid="ignore"):
-        for i, x in enumerate(xs, 1):
-            t, c = step(s, c, x)
+        last = absorbed = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for i, x in enumerate(xs, 1):
+                y = x - c
+                t = s + y
+                c = (t - s) - y
+                if t == s or (t != t and s != s):
+                    absorbed += x != 0
+                else:
+                    last = i
+                s = t
+        return float(s), _stall(last, values, float(s)), absorbed, \
+            f"numpy {np.dtype(native).name} scalars"
+    s = c = 0.0
+    i = last = absorbed = 0
+    add = adder.add
+    for xs, us in _chunks(values, adder, per_value=4):
+        stochastic = not isinstance(us, itertools.repeat)
+        quads = zip(us[0::4], us[1::4], us[2::4], us[3::4]) if stochastic else \
+            itertools.repeat((0.0, 0.0, 0.0, 0.0))
+        for x, (u0, u1, u2, u3) in zip(xs, quads):
+            i += 1
+            y = add(x, -c, u0)
+            t = add(s, y, u1)
+            c = add(add(t, -s, u2), -y, u3)
             if t == s or (t != t and s != s):
                 absorbed += x != 0
             else:
                 last = i
             s = t
-    return float(s), _stall(last, values, float(s)), absorbed, method
+    return s, _stall(last, values, s), absorbed, "exact loop (TwoSum pairs)"
 
 
 def _pairwise(values: np.ndarray, adder: _Adder) -> tuple[float, None, None, str]:
     level = values
     if level.size == 1:
-        return adder.add(0.0, float(level[0])), None, None, "pairwise levels, vectorised"
+        (u,) = itertools.islice(adder.uniforms(1), 1)
+        return adder.add(0.0, float(level[0]), u), None, None, "pairwise levels, vectorised"
     while level.size > 1:
         half = level.size // 2
         summed = adder.add_arrays(level[0:2 * half:2], level[1:2 * half:2])
@@ -307,13 +299,7 @@ def _blocked(values: np.ndarray, adder: _Adder, block: int
     for j in range(block):  # the blocks' sequential sums, all blocks at once
         partial = adder.add_arrays(partial, grid[:, j])
     _check_loop(blocks, "the block sums of blocked")
-    s = 0.0
-    last = 0
-    for k, x in enumerate(partial.tolist(), 1):
-        new = adder.add(s, x)
-        if not (new == s or (new != new and s != s)):
-            last = k
-        s = new
+    s, last, _ = running_sum(partial, adder.spec, adder.rounding, adder.rng)
     stalled = None
     if last < blocks and math.isfinite(s) and np.any(values[last * block:] != 0):
         stalled = last * block
@@ -327,33 +313,6 @@ def _check_loop(n: int, what: str) -> None:
                          "nearest-even of values the accumulator holds -- float16, bfloat16, "
                          "float32, float64 -- runs vectorised: e.g. format='bf16' for a "
                          "bfloat16 accumulator)")
-
-
-def _fsum(values: np.ndarray, first: float | None = None, negate: bool = False) -> float:
-    """math.fsum of ``first`` and the values (negated with ``negate``): the exact sum,
-    correctly rounded to float64; the values go to Python a chunk at a time (no list of
-    ten million floats)."""
-    def chunks():
-        if first is not None:
-            yield first
-        for start in range(0, values.size, 1 << 16):
-            chunk = values[start:start + (1 << 16)]
-            yield from (-chunk if negate else chunk).tolist()
-
-    return math.fsum(chunks())
-
-
-def _relative(values: np.ndarray, total: float, exact: float) -> tuple[float, float]:
-    """(total - exact, |total - exact| / |exact|) from the exact difference (fsum)."""
-    if not math.isfinite(total):
-        return (total - exact if not math.isnan(total) else math.nan), \
-            (math.inf if not math.isnan(total) else math.nan)
-    difference = _fsum(values, total, negate=True)
-    if difference == 0:
-        return 0.0, 0.0
-    if exact == 0:
-        return difference, math.inf
-    return difference, abs(difference) / abs(exact)
 
 
 def sum_values(values, accumulators=DEFAULT_ACCUMULATORS, format: str | FormatSpec = "float32",
@@ -378,12 +337,13 @@ def sum_values(values, accumulators=DEFAULT_ACCUMULATORS, format: str | FormatSp
     specs = [arithmetic_spec(a)[0] if isinstance(a, str) else a for a in accumulators]
     if not specs:
         raise UsageError("no accumulators given", "e.g. accumulators=['bf16', 'fp32']")
-    exact = _fsum(stored)
-    results = [_accumulate(stored, spec, name, block, rounding, seed, exact) for spec in specs]
+    units = exactsum.exact_units(stored)  # the exact sum: units * 2^-1074
+    results = [_accumulate(stored, spec, name, block, rounding, seed, units) for spec in specs]
     return SumResult(source=source, count=int(stored.size), format=format_label(store),
                      inputs_rounded=int(np.count_nonzero(stored != given)),
                      order=name if block is None else f"blocked:{block}", block=block,
-                     rounding=rounding.value, exact=exact, accumulators=tuple(results))
+                     rounding=rounding.value, exact=exactsum.to_float(units),
+                     accumulators=tuple(results), exact_text=exactsum.units_text(units))
 
 
 def _stored(given: np.ndarray, spec: FormatSpec) -> np.ndarray:
@@ -404,7 +364,7 @@ def _stored(given: np.ndarray, spec: FormatSpec) -> np.ndarray:
 
 
 def _accumulate(stored: np.ndarray, spec: FormatSpec, order: str, block: int | None,
-                rounding: RoundingMode, seed: int, exact: float) -> AccumulatorResult:
+                rounding: RoundingMode, seed: int, units: int) -> AccumulatorResult:
     if not spec.signed and np.any(stored < 0):
         raise UsageError(f"{spec.name} has no negative numbers: it cannot hold these sums")
     adder = _Adder(spec, rounding, seed)
@@ -419,14 +379,14 @@ def _accumulate(stored: np.ndarray, spec: FormatSpec, order: str, block: int | N
         total, stalled, absorbed, method = _blocked(stored, adder, block)
     if rounding is RoundingMode.STOCHASTIC:
         stalled = None  # each later addition still moves the sum with some probability
-    error, rel = _relative(stored, total, exact)
+    error, rel = exactsum.difference(total, units)
     stalled_value = next_value = None
     if stalled is not None:
         next_value = float(stored[stalled])
         stalled_value = total  # the sum never changed after the stall
     return AccumulatorResult(
         format=format_label(spec), precision_bits=spec.mantissa_bits + 1, sum=total,
-        exact=exact, abs_error=error, rel_error=rel, stalled_at=stalled,
+        exact=exactsum.to_float(units), abs_error=error, rel_error=rel, stalled_at=stalled,
         stalled_value=stalled_value, next_value=next_value, absorbed=absorbed,
         method=method)
 
@@ -450,7 +410,7 @@ def weight_update(update: float, steps: int = DEFAULT_COUNT, weight: float = 1.0
     values[0] = w
     result = sum_values(values, accumulators, store, "sequential", rounding, seed,
                         source=f"w = {short_number(w)}, w -= {short_number(u)}, {steps:,} times")
-    exact = float(Fraction(w) - steps * Fraction(u))
+    exact = exactsum.ratio_to_float(*(Fraction(w) - steps * Fraction(u)).as_integer_ratio())
     rows = []
     for a in result.accumulators:
         stalled = None if a.stalled_at is None else a.stalled_at - 1
@@ -463,5 +423,5 @@ def weight_update(update: float, steps: int = DEFAULT_COUNT, weight: float = 1.0
     return SumResult(source=result.source, count=steps, format=result.format,
                      inputs_rounded=result.inputs_rounded, order="sequential", block=None,
                      rounding=result.rounding, exact=result.exact,
-                     accumulators=tuple(rows),
+                     accumulators=tuple(rows), exact_text=result.exact_text,
                      update=WeightUpdate(weight=w, update=u, steps=steps, exact=exact))

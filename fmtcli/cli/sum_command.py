@@ -62,7 +62,7 @@ def sum_command(
     json_out: JsonOption = False,
 ) -> None:
     """Add values with the running sum held in each accumulator format, every addition
-    rounded once, in the chosen order, against the exact sum (math.fsum): the final
+    rounded once, in the chosen order, against the exact sum (exact at any size): the final
     relative error and where the sum stalled (the count after which adding more changed
     nothing).  With --update: a weight updated again and again, with and without an FP32
     master copy (Micikevicius et al. 2018, §3.1).
