@@ -22,7 +22,10 @@ is built) and with ``FMTCLI_KERNEL=numpy`` (the numpy formulation alone: the eng
 the kernel), so the kernel's gain is measured in the same run.  Then the same values stored
 as float32, bfloat16 and float16, runs alternating (``--no-dtypes`` to skip): elements per
 second of work against float32's, as whole processes minus each type's own start-up and as
-timed inside a fresh process (``compare_dtypes``).  Children run with Python's bytecode
+timed inside a fresh process (``compare_dtypes``; that time includes ``import ml_dtypes``,
+which a bfloat16 file needs and a float32 one does not: ~1 s from ml_dtypes 0.7.0, against
+~10 ms before, so it is timed on its own too, and the work without it shown beside).
+Children run with Python's bytecode
 cache on (``PYTHONDONTWRITEBYTECODE`` removed from their environment, one warm-up run
 first), as an installed package runs.
 """
@@ -88,6 +91,22 @@ print(time.perf_counter() - t0)
 """
 
 
+# ``import ml_dtypes`` alone in a fresh process (numpy loaded first, as fmtcli has it)
+IMPORT_PROBE = """
+import time
+import numpy
+t0 = time.perf_counter()
+import ml_dtypes
+print(time.perf_counter() - t0)
+"""
+
+
+def ml_dtypes_version() -> str:
+    import ml_dtypes
+
+    return ml_dtypes.__version__
+
+
 def compare_dtypes(path: str, args, ours_cmd: list[str]) -> None:
     """The same values stored as float32, bfloat16 and float16, runs alternating (machine
     noise falls on all three alike): elements per second of work, two ways -- whole
@@ -113,6 +132,7 @@ def compare_dtypes(path: str, args, ours_cmd: list[str]) -> None:
         os.unlink(tiny_path)
     whole = {dtype: min(walls[dtype]) - min(starts[dtype]) for dtype in files}
     timed = {dtype: min(inside[dtype]) for dtype in files}
+    imports = [float(run([sys.executable, "-c", IMPORT_PROBE])[2]) for _ in range(args.repeat)]
     print(f"float32, bfloat16, float16 alternating, best of {args.repeat} each (target: "
           "16-bit >= float32's elements/s)")
     print(f"{'input':9s} {'whole - start-up':>17s} {'ratio':>6s} {'timed inside':>13s} "
@@ -121,6 +141,11 @@ def compare_dtypes(path: str, args, ours_cmd: list[str]) -> None:
         print(f"{dtype:9s} {whole[dtype]:15.3f} s {whole['float32'] / whole[dtype]:5.2f}x "
               f"{timed[dtype]:11.3f} s {args.elements / timed[dtype] / 1e6:13.0f} "
               f"{timed['float32'] / timed[dtype]:5.2f}x")
+    import_s = min(imports)
+    bf16 = timed["bfloat16"] - import_s
+    print(f"import ml_dtypes {ml_dtypes_version()}: {import_s:.3f} s (in the bfloat16 time "
+          f"inside); bfloat16 without it {bf16:.3f} s, {args.elements / bf16 / 1e6:.0f} M "
+          f"elements/s, {timed['float32'] / bf16:.2f}x float32")
 
 
 def main() -> None:
