@@ -193,3 +193,92 @@ def load_index(path: str) -> tuple[list[tensors.TensorSource], list[str]]:
                                           f"not named in {index_name}")
                      for s in held[shard].values())
     return found, shards
+
+
+# -- a tensor's name among many: its key, or its file and key where keys repeat ------------
+
+def repeated_keys(tensors) -> set[str]:
+    """The keys that more than one of ``tensors`` (``TensorSource`` or ``TensorInfo``) has:
+    the same name in two files of a folder (``a.pt`` and ``b.pt`` each holding ``w``)."""
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for t in tensors:
+        if t.key is not None:
+            (repeated if t.key in seen else seen).add(t.key)
+    return repeated
+
+
+def file_in(source: str, folder: str | None = None) -> str:
+    """The file of a tensor as its name shows it: relative to ``folder`` (with ``/``
+    separators), or the path as loaded where it is not under ``folder`` (or no folder)."""
+    if folder:
+        try:
+            relative = os.path.relpath(source, folder)
+        except ValueError:  # another drive
+            relative = os.pardir
+        if relative != os.pardir and not relative.startswith(os.pardir + os.sep):
+            source = relative
+    return source.replace(os.sep, "/")
+
+
+def folder_of(path: str) -> str:
+    """The folder the names of a path's tensors are relative to: the path itself for a
+    directory, else the folder its file is in."""
+    return path if os.path.isdir(path) else os.path.dirname(path)
+
+
+def common_folder(tensors) -> str | None:
+    """The deepest folder that holds every tensor's file (None where they share none)."""
+    try:
+        folder = os.path.commonpath([os.path.dirname(t.source) for t in tensors])
+    except ValueError:  # absolute and relative paths mixed, or no tensors
+        return None
+    return folder or None
+
+
+def tensor_names(tensors, root: str | None = None, repeated: set[str] | None = None
+                 ) -> list[str]:
+    """Each tensor's name among ``tensors``, as results match and tables show it: its key
+    where the key is unique; ``file:key`` for a key in ``repeated`` (by default the keys
+    that repeat among ``tensors``: a tensor's identity in a folder is its file and its
+    name), and the file alone for a tensor without a key (a ``.npy``).  Files are
+    relative to ``folder_of(root)``, the path the user gave; without a ``root``, those of
+    repeated keys are relative to the folder that holds them all, and a file without a
+    key is its path as loaded."""
+    tensors = list(tensors)
+    repeated = repeated_keys(tensors) if repeated is None else repeated
+    root = None if root is None else folder_of(root)
+    folder = root if root is not None else common_folder(
+        [t for t in tensors if t.key in repeated])
+    return [file_in(t.source, root) if t.key is None else
+            f"{file_in(t.source, folder)}:{t.key}" if t.key in repeated else t.key
+            for t in tensors]
+
+
+def shared_prefix(names) -> str:
+    """The dotted prefix that every one of ``names`` begins with (LigandMPNN's
+    ``model_state_dict.``, a line of every row at 80 columns), ending in a ``.``, shorter
+    than each name and not followed by a layer index (``layers.`` of ``layers.0.w`` stays,
+    so rows still say what they are copies of): tables cut it and say it once above; JSON
+    keeps full names.  '' for fewer than two names or a name that is None (a tensor
+    without a key)."""
+    names = list(names)
+    if len(names) < 2 or any(name is None for name in names):
+        return ""
+    parts = os.path.commonprefix(names).split(".")[:-1]  # whole dotted parts only
+    while parts and any(_is_index(name.split(".")[len(parts)]) for name in names
+                        if name.count(".") >= len(parts)):
+        parts.pop()
+    prefix = "".join(part + "." for part in parts)
+    return prefix if all(len(name) > len(prefix) for name in names) else ""
+
+
+def _is_index(part: str) -> bool:
+    return part == "*" or part.isdigit()
+
+
+def without_prefix(name: str, key: str | None, prefix: str) -> str:
+    """``name`` (a tensor's key, or ``file:key``) with ``prefix`` cut from its key."""
+    if not prefix or key is None or not key.startswith(prefix) or not name.endswith(key):
+        return name
+    return name[:len(name) - len(key)] + key[len(prefix):]

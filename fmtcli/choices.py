@@ -126,6 +126,9 @@ CHUNK_ELEMENTS = 1 << 18
 HISTORY = 1024
 #: Above this many tensors, ``fmt quantize``'s table is a summary (roles, worst, total).
 SUMMARY_ABOVE = 8
+#: Rows of each list of a summary (roles, worst tensors, roles whose blocks flush) by
+#: default (``--top``): with its titles and captions, about one screen at 80 columns.
+SUMMARY_TOP = 5
 
 
 def cores_available() -> int:

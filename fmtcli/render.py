@@ -19,7 +19,8 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from .choices import SUMMARY_ABOVE, Granularity
+from .choices import SUMMARY_ABOVE, SUMMARY_TOP, Granularity
+from .checkpoints import without_prefix
 from .errors import one_line
 from .fates import Fate
 from .plaintable import (
@@ -477,8 +478,34 @@ def blocks_table(title: str, name_header: str, entries: list) -> HeadedRows | No
                       items, caption=BLOCKS_CAPTION, name_header=name_header)
 
 
-def _tensor_name(t: TensorResult) -> str:
-    return user_text(t.tensor.key or t.tensor.source)
+def prefix_note(prefix: str) -> Text:
+    """The line above a table whose names are shown without their shared ``prefix``."""
+    return Text(f"Names below are under {user_text(prefix)}\n")
+
+
+class _Names:
+    """The names a report's tables show (``checkpoints.tensor_names``): a tensor's key, or
+    ``file:key`` where keys repeat across files; without the prefix every key and role
+    begins with (``checkpoints.shared_prefix``), said once by ``note``."""
+
+    def __init__(self, result: QuantizeResult) -> None:
+        from .checkpoints import shared_prefix, tensor_names
+
+        infos = [t.tensor for t in result.quantized]
+        self.prefix = shared_prefix([t.key for t in infos]
+                                    + [g.pattern for g in result.groups]) \
+            if len(infos) > 1 else ""
+        self.by_name = {t.name: without_prefix(shown, t.key, self.prefix)
+                        for t, shown in zip(infos, tensor_names(infos))}
+
+    def __call__(self, t: TensorResult) -> str:
+        return user_text(self.by_name[t.tensor.name])
+
+    def role(self, pattern: str) -> str:
+        return user_text(without_prefix(pattern, pattern, self.prefix))
+
+    def note(self) -> list:
+        return [prefix_note(self.prefix)] if self.prefix else []
 
 
 def _stat_cells(s: SchemeStats) -> list[str]:
@@ -493,29 +520,34 @@ _SUMMARY_HEADERS = ["flushed", "p99", "SQNR", "satur."]
 _SHORT_CAPTION = "median, p99: relative error; max err: max abs error"
 
 
-def render_quantize(result: QuantizeResult, per_tensor: bool = False, top: int = 10,
-                    sort: str = "flushed"):
+def render_quantize(result: QuantizeResult, per_tensor: bool = False,
+                    top: int = SUMMARY_TOP, sort: str = "flushed"):
     """One tensor: statistics down, schemes across (one block per scheme where that does not
     fit).  A handful (or ``per_tensor``): a row per tensor and scheme.  More than
-    ``SUMMARY_ABOVE`` tensors: the summary -- a row per role (the chosen scheme), the
-    ``top`` worst tensors by ``sort`` (``quantize.ranking``) and the total of every scheme.
-    Then the per-block facts of the total, and the worst blocks where they were asked for."""
+    ``SUMMARY_ABOVE`` tensors: the summary -- a row per role (the chosen scheme; the ``top``
+    worst by ``sort`` where there are more), the ``top`` worst tensors (``quantize.ranking``)
+    and the total of every scheme; then the per-block facts of the roles whose blocks flush
+    or saturate (at most ``top``).  Then the worst blocks where they were asked for.  Names
+    as ``_Names`` shows them: ``file:key`` where keys repeat, without a shared prefix."""
     quantized = result.quantized
     first = next((t.schemes[0] for t in quantized if t.schemes), None)
     caption = "x_q = cast(x * scale) / scale; relative errors over nonzero inputs"
     if first is not None:  # skipped tensors (int64 position_ids) may come first
         caption += f"; quantiles to within +{first.rel_error_resolution:.2%}"
+    names = _Names(result)
     if len(quantized) == 1 and result.total is None:
         parts = [_render_one_tensor(quantized[0], caption)]
     elif per_tensor or len(quantized) <= SUMMARY_ABOVE:
-        parts = [_per_tensor_rows(result, caption + "; " + _SHORT_CAPTION)]
-        entries = [(_tensor_name(t), s.scheme.label, s) for t in quantized for s in t.schemes]
+        parts = names.note() + [_per_tensor_rows(result, names,
+                                                 caption + "; " + _SHORT_CAPTION)]
+        entries = [(names(t), s.scheme.label, s) for t in quantized for s in t.schemes]
         entries += [("total", s.scheme.label, s) for s in result.total or ()]
         parts.append(blocks_table("Blocks per tensor", "tensor", entries))
     else:
-        parts = _summary(result, top, sort, caption + "; " + _SHORT_CAPTION)
+        parts = names.note() + _summary(result, names, top, sort,
+                                        caption + "; " + _SHORT_CAPTION)
     if result.worst_blocks:
-        parts.append(_worst_blocks(result))
+        parts.append(_worst_blocks(result, names))
     parts = [p for p in parts if p is not None]
     return Group(*parts) if len(parts) > 1 else parts[0]
 
@@ -551,8 +583,8 @@ def _total_caption(result: QuantizeResult) -> str:
     return text
 
 
-def _per_tensor_rows(result: QuantizeResult, caption: str) -> HeadedRows:
-    items = [(_tensor_name(t), f"({_shape_text(t.tensor.shape)}"
+def _per_tensor_rows(result: QuantizeResult, names: _Names, caption: str) -> HeadedRows:
+    items = [(names(t), f"({_shape_text(t.tensor.shape)}"
               + ("" if t.in_total or not result.total else ", buffer") + ")",
               [(s.scheme.label, _stat_cells(s)) for s in t.schemes]) for t in result.quantized]
     items += _total_items(result, named=True)
@@ -562,8 +594,9 @@ def _per_tensor_rows(result: QuantizeResult, caption: str) -> HeadedRows:
                       caption=caption)
 
 
-def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
-    from .quantize.ranking import worst_tensors
+def _summary(result: QuantizeResult, names: _Names, top: int, sort: str, caption: str
+             ) -> list:
+    from .quantize.ranking import blocks_worst_first, worst_tensors
 
     quantized = result.quantized
     main = result.schemes[-1].label  # the chosen scheme (a comparison puts it last)
@@ -571,18 +604,24 @@ def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
     def cells(s: SchemeStats) -> list[str]:
         return [cell(s) for _, cell in _SUMMARY_ROW]
 
-    roles = HeadedRows(
-        f"By role: {n:,} tensors in {len(result.groups):,} roles, under {main}", "n",
-        _SUMMARY_HEADERS, [(user_text(g.pattern), None, [(f"x{g.count:,}",
-                                                          cells(g.schemes[-1]))])
-                           for g in result.groups], name_header="role")
+    groups = list(result.groups)  # whole in the checkpoint's order, or the worst ``top``
+    shown = groups if len(groups) <= top else worst_tensors(groups, sort=sort, top=top)
+    title = f"By role: {n:,} tensors in {len(groups):,} roles, under {main}"
+    parts: list = []
+    if shown and (shown is groups or any(g.count > 1 for g in groups)):
+        # (ranked roles of one tensor each would repeat the worst tensors below)
+        parts.append(HeadedRows(
+            title + ("" if shown is groups else f"; the {len(shown):,} worst by {sort}"),
+            "n", _SUMMARY_HEADERS, [(names.role(g.pattern), None,
+                                     [(f"x{g.count:,}", cells(g.schemes[-1]))])
+                                    for g in shown], name_header="role",
+            caption=None if shown is groups else _more(len(groups) - len(shown), "role")))
     worst = worst_tensors(quantized, sort=sort, top=top)
-    parts = [roles]
     if worst:
         parts.append(HeadedRows(
             f"Worst {len(worst):,} of {n:,} tensors by {sort}, under {main}", "shape",
-            _SUMMARY_HEADERS, [(_tensor_name(t), None, [(_shape_text(t.tensor.shape),
-                                                         cells(t.schemes[-1]))])
+            _SUMMARY_HEADERS, [(names(t), None, [(_shape_text(t.tensor.shape),
+                                                  cells(t.schemes[-1]))])
                                for t in worst]))
     total = result.total or ()
     counted = sum(t.in_total for t in quantized)
@@ -591,17 +630,22 @@ def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
         "scheme", _SHORT_HEADERS, _total_items(result, named=False),
         caption=caption + "; " + (_total_caption(result) + "; " if total else "")
         + "--per-tensor shows every tensor"))
-    hurt = [g for g in result.groups if g.schemes[-1].blocks is not None
+    hurt = [g for g in groups if g.schemes[-1].blocks is not None
             and (g.schemes[-1].blocks.flushing or g.schemes[-1].blocks.saturating)]
-    with_blocks = sum(g.schemes[-1].blocks is not None for g in result.groups)
+    with_blocks = sum(g.schemes[-1].blocks is not None for g in groups)
+    listed = hurt if len(hurt) <= top else blocks_worst_first(hurt, top)
     table = blocks_table(
-        f"Roles whose blocks flush or saturate, under {main}", "role",
-        [(user_text(g.pattern), f"x{g.count:,}", g.schemes[-1]) for g in hurt]
+        f"Roles whose blocks flush or saturate, under {main}"
+        + ("" if listed is hurt else f": {len(listed):,} of {len(hurt):,}, most flushing "
+           "first"), "role",
+        [(names.role(g.pattern), f"x{g.count:,}", g.schemes[-1]) for g in listed]
         + [(None, f"total, {s.scheme.label}", s) for s in total])
     if table is not None:
         rest = with_blocks - len(hurt)
-        table.caption = (f"{rest:,} other role{'' if rest == 1 else 's'} with blocks: none "
-                         "flushes or saturates; " if rest else "") + BLOCKS_CAPTION
+        table.caption = (_more(len(hurt) - len(listed), "role") + "; " if listed is not hurt
+                         else "") + (f"{rest:,} other role{'' if rest == 1 else 's'} with "
+                                     "blocks: none flushes or saturates; " if rest else "") \
+            + BLOCKS_CAPTION
     elif with_blocks:
         table = Text(f"Blocks under {main}: none flushes or saturates in the "
                      f"{with_blocks:,} roles with blocks")
@@ -609,11 +653,16 @@ def _summary(result: QuantizeResult, top: int, sort: str, caption: str) -> list:
     return parts
 
 
-def _worst_blocks(result: QuantizeResult) -> Group:
+def _more(count: int, what: str) -> str:
+    """The caption of a summary's list cut at ``--top``."""
+    return (f"{count:,} more {what}{'' if count == 1 else 's'}: --top N lists more, "
+            "--per-tensor every tensor, --json all")
+
+
+def _worst_blocks(result: QuantizeResult, names: _Names) -> Group:
     """The worst blocks of each scheme: the tensor, the block (row, column of the block
     grid), its amax and scale, values flushed of the block's, and the largest relative
     error in it."""
-    short = {t.tensor.name: t.tensor.key or t.tensor.source for t in result.quantized}
     by_scheme: dict[str, list] = {}
     for b in result.worst_blocks:
         by_scheme.setdefault(b.scheme, []).append(b)
@@ -624,7 +673,7 @@ def _worst_blocks(result: QuantizeResult) -> Group:
             row = (f"({b.row:,}, {b.column:,})",
                    [value_text(b.amax, 4), value_text(b.scale, 4), f"{b.flushed:,}/{b.size:,}",
                     percent_text(b.max_rel_error)])
-            name = user_text(short.get(b.tensor, b.tensor))
+            name = user_text(names.by_name.get(b.tensor, b.tensor))
             if items and items[-1][0] == name:
                 items[-1][2].append(row)
             else:

@@ -2,7 +2,10 @@
 
 One pair: every figure down one column.  A few pairs: a row per tensor, worst first.  More
 than ``SUMMARY_ABOVE`` pairs: issue 8's summary -- a row per role (tensors that differ only
-in their layer index, merged exactly), worst first, then the worst tensors, then the total.
+in their layer index, merged exactly), worst first, then the worst tensors, each list at
+most ``top`` rows (left out where every role is one tensor: the same rows), then the total.
+Names are the pairs' (``file:key`` where keys repeat in a folder), without the prefix all
+share, which a line above the tables says.
 Worst: the lowest SQNR (with ``--logits``: the largest mean KL divergence); NaN last.
 Computes nothing but the order of the rows.  (Its CSV: ``csvout.compare_csv``.)
 """
@@ -20,11 +23,12 @@ from rich.text import Text
 # render.py imports this module for its RENDERERS: its names are looked up when a table is
 # drawn, by then defined
 from . import render
+from .choices import SUMMARY_TOP
+from .checkpoints import shared_prefix, without_prefix
 
 if TYPE_CHECKING:
     from .compare import CompareResult, CompareStats, TensorComparison
 
-TOP = 10
 CAPTION = ("rel: |test - ref| / |ref| over nonzero ref values (p99 to within +0.78%); "
            "calc_diff: 1 - 2 sum(xy) / sum(x^2 + y^2); differ: elements not equal")
 LOGIT_CAPTION = ("KL(ref || test) per row of the last axis, nats; top-1: rows whose argmax "
@@ -73,31 +77,44 @@ def _shape(t: TensorComparison) -> str:
     return "x".join(map(str, t.ref.shape)) or "scalar"
 
 
-def render_compare(result: CompareResult):
+def render_compare(result: CompareResult, top: int = SUMMARY_TOP):
     logits = result.logits
     headers = LOGIT_HEADERS if logits else HEADERS
     caption = LOGIT_CAPTION if logits else CAPTION
     tensors = sorted(result.tensors, key=lambda t: worst_first(t.stats, logits))
     if len(tensors) == 1:
         return _one(tensors[0], caption)
+    # what every name begins with is said once, above the tables
+    prefix = shared_prefix([t.ref.key for t in tensors] + [r.pattern for r in result.roles])
+
+    def name(text: str, key: str | None) -> str:
+        return render.user_text(without_prefix(text, key, prefix))
+
+    parts: list = [render.prefix_note(prefix)] if prefix else []
     if len(tensors) <= render.SUMMARY_ABOVE:
-        parts = [render.HeadedRows(
+        parts.append(render.HeadedRows(
             f"{render.user_text(result.test)} against {render.user_text(result.ref)}: "
             f"{len(tensors):,} tensors, worst first", "shape", headers,
-            [(render.user_text(t.name), None, [(_shape(t), _cells(t.stats, logits))])
-             for t in tensors])]
+            [(name(t.name, t.ref.key), None, [(_shape(t), _cells(t.stats, logits))])
+             for t in tensors]))
     else:
         roles = sorted(result.roles, key=lambda r: worst_first(r.stats, logits))
-        parts = [render.HeadedRows(
-            f"By role, worst first: {len(tensors):,} tensors in {len(roles):,} roles", "n",
-            headers, [(render.user_text(r.pattern), None, [(f"x{r.count:,}",
-                                                            _cells(r.stats, logits))])
-                      for r in roles], name_header="role"),
-            render.HeadedRows(
-                f"Worst {min(TOP, len(tensors)):,} of {len(tensors):,} tensors", "shape",
-                headers, [(render.user_text(t.name), None, [(_shape(t), _cells(t.stats,
-                                                                             logits))])
-                          for t in tensors[:TOP]])]
+        more = len(roles) - top
+        if top and any(r.count > 1 for r in roles):  # else the same rows as the tensors'
+            parts.append(render.HeadedRows(
+                f"By role, worst first: {len(tensors):,} tensors in {len(roles):,} roles"
+                + (f"; the {top:,} worst" if more > 0 else ""), "n", headers,
+                [(name(r.pattern, r.pattern), None, [(f"x{r.count:,}",
+                                                      _cells(r.stats, logits))])
+                 for r in roles[:top]], name_header="role",
+                caption=f"{more:,} more role{'s' if more > 1 else ''}: --top N lists more, "
+                        "--json all" if more > 0 else None))
+        if top:
+            parts.append(render.HeadedRows(
+                f"Worst {min(top, len(tensors)):,} of {len(tensors):,} tensors", "shape",
+                headers, [(name(t.name, t.ref.key), None, [(_shape(t), _cells(t.stats,
+                                                                            logits))])
+                          for t in tensors[:top]]))
     parts.append(render.HeadedRows(
         f"Total of {result.total.count:,} values", "", headers,
         [(None, None, [("", _cells(result.total, logits))])], caption=caption))

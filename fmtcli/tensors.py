@@ -435,17 +435,26 @@ def load_path(path: str) -> list[TensorSource]:
     return _LOADERS[suffix](path)
 
 
+def _names_of(source: TensorSource) -> Iterator[str]:
+    """What ``--key`` matches: the key, and ``file:key`` with the file as any tail of the
+    path (``a.pt:w``, ``sub/a.pt:w``), as tables name a key that repeats across files."""
+    yield source.key
+    parts = source.source.replace(os.sep, "/").split("/")
+    for i in range(len(parts)):
+        yield "/".join(parts[i:]) + ":" + source.key
+
+
 def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[TensorSource]:
-    """Keep tensors whose key matches a name or glob; an unmatched pattern is an error."""
+    """Keep tensors whose key (or ``file:key``) matches a name or glob; an unmatched
+    pattern is an error."""
     if not patterns:
         return sources
     chosen = []
     for pattern in patterns:
-        matched = [s for s in sources
-                   if s.key is not None
-                   and (s.key == pattern or fnmatch.fnmatchcase(s.key, pattern))]
+        matched = [s for s in sources if s.key is not None and any(
+            name == pattern or fnmatch.fnmatchcase(name, pattern) for name in _names_of(s))]
         if not matched:
-            keys = [shown(s.key) for s in sources if s.key is not None]
+            keys = list(dict.fromkeys(shown(s.key) for s in sources if s.key is not None))
             listing = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
             raise DataError(f"no tensor matches key={shown(pattern)}",
                             f"available: {listing}" if keys else "these inputs have no keys")

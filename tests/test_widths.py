@@ -93,7 +93,7 @@ def test_quantize_small_inputs(width, which, files):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_summary_of_a_checkpoint(width, files):
-    out = table(width, "quantize", files["bert"])
+    out = table(width, "quantize", files["bert"], "--top", "16")  # all 16 roles, in order
     doc = json_of("quantize", files["bert"])
     assert_shown(out, *[sqnr(s) for s in doc["total"]])
     for group in doc["groups"]:  # the role, whole or cut before its layer index
@@ -101,7 +101,9 @@ def test_quantize_summary_of_a_checkpoint(width, files):
         assert (group["pattern"] in out) or (f"{head}." in out and f"*.{rest}" in out), group
         assert f"x{group['count']}" in out
     assert_shown(out, *{sqnr(g["schemes"][-1]) for g in doc["groups"]})
-    assert len(out.splitlines()) <= 62  # one screen, for 86 tensors
+    default = table(width, "quantize", files["bert"])  # the 5 worst roles and tensors
+    assert "11 more roles" in " ".join(default.split())
+    assert len(default.splitlines()) <= 62  # one screen, for 86 tensors
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..choices import CHUNK_ELEMENTS
+from ..choices import CHUNK_ELEMENTS, SUMMARY_TOP
 from ..errors import shown
 from .app import UsageWithEllipsis, app
 from .options import JsonOption, KeyOption, WorkersOption, check_not_empty
@@ -25,7 +25,8 @@ def compare_command(
         show_default=False)],
     test: Annotated[str, typer.Argument(
         metavar="TEST", help="What to compare with it (same kinds); tensors are matched "
-        "by name, or a single array with a single array.", show_default=False)],
+        "by name (by file and name where a folder's files repeat one), or a single array "
+        "with a single array.", show_default=False)],
     keys: KeyOption = None,
     logits: Annotated[bool, typer.Option(
         "--logits", help="The last axis holds logits (a row per token): also the KL "
@@ -38,6 +39,10 @@ def compare_command(
         "--chunk", min=1024, help="Elements per chunk (memory; results do not depend on it "
         "but for the last bits of sums).")] = CHUNK_ELEMENTS,
     workers: WorkersOption = None,
+    top: Annotated[int, typer.Option(
+        "--top", min=0, metavar="N", help="How many rows each list of the summary (more "
+        "than 8 tensors) shows: the worst roles, the worst tensors (0: none).")
+        ] = SUMMARY_TOP,
     csv_out: Annotated[bool, typer.Option(
         "--csv", help="Print CSV on stdout: a header (the JSON key names), then one row per "
         "tensor.  Not with --json.")] = False,
@@ -48,9 +53,10 @@ def compare_command(
     SQNR = 10 log10(sum x^2 / sum (y - x)^2) (torchao), cosine similarity, calc_diff =
     1 - 2 sum(xy) / sum(x^2 + y^2) (DeepGEMM), relative Frobenius error, max abs and
     relative error, median/p99 relative error, elements that differ, NaN/inf on each side;
-    x the reference, y the test.  Checkpoints are matched by tensor name (tensors on one
-    side only are listed on stderr); shapes (and dtypes, unless --any-dtype) must agree.
-    More than 8 tensors: a summary by role, worst (lowest SQNR) first.
+    x the reference, y the test.  Checkpoints are matched by tensor name, and by file and
+    name (a.pt:w) where a folder's files repeat a name (tensors on one side only are
+    listed on stderr); shapes (and dtypes, unless --any-dtype) must agree.  More than 8
+    tensors: a summary by role, worst (lowest SQNR) first.
     """
     from ..compare import compare_files
 
@@ -83,4 +89,4 @@ def compare_command(
         with writing_results():
             SafeStream(sys.stdout).write(compare_csv(result))
     else:
-        emit(result, json_out)
+        emit(result, json_out, top=top)

@@ -10,6 +10,7 @@ from ..choices import (
     CHUNK_ELEMENTS,
     RECIPE_NAMES,
     SUMMARY_ABOVE,
+    SUMMARY_TOP,
     Backend,
     Device,
     Granularity,
@@ -112,8 +113,10 @@ def quantize_command(
         f"above {SUMMARY_ABOVE} tensors is a summary: by role, the worst tensors, the "
         "total).")] = False,
     top: Annotated[int, typer.Option(
-        "--top", min=0, metavar="N", help="How many of the worst tensors the summary "
-        "lists (0: none).")] = 10,
+        "--top", min=0, metavar="N", help="How many rows each list of the summary shows: "
+        "the worst tensors, the roles (all in the checkpoint's order when there are at "
+        "most N, else the N worst), the roles whose blocks flush most (0: none).")
+        ] = SUMMARY_TOP,
     sort: Annotated[SortBy, typer.Option(
         "--sort", case_sensitive=False, help="What makes a tensor one of the worst (under "
         "the chosen scheme).  flushed (the default): the fraction of values flushed to "

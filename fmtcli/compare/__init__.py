@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..choices import CHUNK_ELEMENTS
+from ..checkpoints import repeated_keys, tensor_names
 from ..errors import DataError, UsageError, shown
 from ..quantize import parallel
 from ..quantize.metrics import HIST_BINS, ErrorAccumulator
@@ -65,7 +66,9 @@ __all__ = ["Accumulator", "CompareResult", "CompareStats", "LogitStats", "RoleCo
 
 @dataclass(frozen=True)
 class TensorComparison:
-    """One matched pair: the reference's description, the test's dtype, the figures."""
+    """One matched pair: its name (the key, or ``file:key`` where keys repeat in a folder:
+    ``match_sources``), the two tensors' descriptions (file, key, shape, dtype), the
+    figures."""
 
     name: str
     ref: TensorInfo
@@ -73,8 +76,12 @@ class TensorComparison:
     stats: CompareStats
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.ref.shape), "ref_dtype": self.ref.dtype,
-                "test_dtype": self.test.dtype, **self.stats.to_dict()}
+        """JSON: ``name``, ``key`` (the tensor's name in its file), ``ref_source`` and
+        ``test_source`` (the files), ``shape``, the dtypes, then the figures."""
+        return {"name": self.name, "key": self.ref.key, "ref_source": self.ref.source,
+                "test_source": self.test.source, "shape": list(self.ref.shape),
+                "ref_dtype": self.ref.dtype, "test_dtype": self.test.dtype,
+                **self.stats.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -117,32 +124,42 @@ Pair = tuple[str, TensorSource, TensorSource]
 
 
 def match_sources(ref: list[TensorSource], test: list[TensorSource], keys: list[str] | None,
-                  any_dtype: bool = False) -> tuple[list[Pair], list[str], list[str]]:
+                  any_dtype: bool = False, roots: tuple[str | None, str | None] = (None, None)
+                  ) -> tuple[list[Pair], list[str], list[str]]:
     """(name, ref, test) pairs in REF's order, names only in REF, names only in TEST.
 
-    A side that is one array without a name (``.npy``) pairs with the other side's one
-    tensor (after ``keys``).  Shapes must agree, and dtypes unless ``any_dtype``; a
-    mismatch is a ``DataError`` naming the tensor."""
+    Tensors are matched by name (``checkpoints.tensor_names``): the key where it is unique
+    on both sides (a sharded checkpoint against a single file), the file and the key
+    (``a.pt:w``, the file relative to ``roots``, the paths given) for a key that repeats
+    on either side, the file for a tensor without a key in a folder.  A side that is one
+    array without a name (``.npy``) pairs with the other side's one tensor (after
+    ``keys``).  Shapes must agree, and dtypes unless ``any_dtype``; a mismatch is a
+    ``DataError`` naming the tensor."""
     if keys and not any(s.key is not None for s in ref + test):
         raise UsageError(f"key={shown(keys[0])}: REF and TEST are single arrays, with no "
                          "tensor names to pick")
+    repeated = repeated_keys(ref) | repeated_keys(test)  # of the whole sides: --key keeps it
     ref = select_keys(ref, keys) if keys and any(s.key for s in ref) else ref
     test = select_keys(test, keys) if keys and any(s.key for s in test) else test
     if len(ref) == 1 and len(test) == 1 and (ref[0].key is None or test[0].key is None):
         pairs = [(ref[0].key or test[0].key or ref[0].source, ref[0], test[0])]
         only_ref, only_test = [], []
-    elif any(s.key is None for s in ref + test):
-        one, many = ("REF", test) if any(s.key is None for s in ref) else ("TEST", ref)
+    elif any(len(side) == 1 and side[0].key is None for side in (ref, test)):
+        one, many = ("REF", test) if len(ref) == 1 and ref[0].key is None else ("TEST", ref)
         raise UsageError(f"{one} is one array and the other side holds {len(many):,} "
                          "tensors: choose one with --key NAME")
     else:
-        by_key = {s.key: s for s in test}
-        names = {s.key for s in ref}
-        pairs = [(s.key, s, by_key[s.key]) for s in ref if s.key in by_key]
-        only_ref = [s.key for s in ref if s.key not in by_key]
-        only_test = [s.key for s in test if s.key not in names]
+        ref_names, test_names = (_names(side, label, root, repeated) for side, label, root
+                                 in ((ref, "REF", roots[0]), (test, "TEST", roots[1])))
+        by_name = dict(zip(test_names, test))
+        pairs = [(n, s, by_name[n]) for n, s in zip(ref_names, ref) if n in by_name]
+        only_ref = [n for n in ref_names if n not in by_name]
+        in_ref = set(ref_names)
+        only_test = [n for n in test_names if n not in in_ref]
         if not pairs:
-            raise DataError("REF and TEST have no tensor name in common",
+            why = (f" (names that repeat across a folder's files are matched by file and "
+                   f"name: {_listing(sorted(repeated))})" if repeated else "")
+            raise DataError(f"REF and TEST have no tensor name in common{why}",
                             f"REF: {_listing(only_ref)}; TEST: {_listing(only_test)}")
     for name, r, t in pairs:
         if tuple(r.shape) != tuple(t.shape):
@@ -151,6 +168,21 @@ def match_sources(ref: list[TensorSource], test: list[TensorSource], keys: list[
             raise DataError(f"{shown(name)}: dtypes differ: REF {r.dtype}, TEST {t.dtype} "
                             "(--any-dtype compares them as float64)")
     return pairs, only_ref, only_test
+
+
+def _names(side: list[TensorSource], label: str, root: str | None, repeated: set[str]
+           ) -> list[str]:
+    """The names of one side's tensors; two tensors of one name (one file holding a key
+    twice, as nested dicts can) are a ``DataError``: nothing says which to match."""
+    names = tensor_names(side, root, repeated)
+    seen: dict[str, TensorSource] = {}
+    for name, s in zip(names, side):
+        if name in seen:
+            raise DataError(f"{label} holds two tensors named {shown(name)} (in "
+                            f"{shown(seen[name].source)} and {shown(s.source)}): nothing "
+                            "says which to compare")
+        seen[name] = s
+    return names
 
 
 def _shape(s: TensorSource) -> str:
@@ -208,8 +240,11 @@ def compare_sources(ref: list[TensorSource], test: list[TensorSource], ref_name:
                     any_dtype: bool = False, chunk_elements: int = CHUNK_ELEMENTS,
                     workers: int | None = None, on_tensor: Callable[[str], None] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> CompareResult:
-    """Compare every pair of tensors ``match_sources`` makes of ``ref`` and ``test``."""
-    pairs, only_ref, only_test = match_sources(ref, test, keys, any_dtype)
+    """Compare every pair of tensors ``match_sources`` makes of ``ref`` and ``test``
+    (``ref_name`` and ``test_name``, the paths given, are what file names are relative
+    to); roles merge tensors by key (``quantize.roles``), whatever their files."""
+    pairs, only_ref, only_test = match_sources(ref, test, keys, any_dtype,
+                                               (ref_name, test_name))
     usable = [(n, r, t) for n, r, t in pairs if not (r.skipped or t.skipped)]
     skipped = tuple(s.info() for _, r, t in pairs for s in (r, t) if s.skipped)
     if not usable:
@@ -227,7 +262,7 @@ def compare_sources(ref: list[TensorSource], test: list[TensorSource], ref_name:
                            if progress else None)
         done += r.size * itemsize[name]
         tensors.append(TensorComparison(name, r.info(), t.info(), acc.stats(logits)))
-        role = role_of(name)
+        role = role_of(name if r.key is None else r.key)
         if role not in roles:
             roles[role] = [0, Accumulator()]
         roles[role][0] += 1

@@ -14,7 +14,8 @@ Metrics (the names of ``fmt quantize --sort``), worst first:
 
 Ties go to the larger flushed fraction, then the larger p99, then the lower SQNR, then to
 the tensor that comes first in the checkpoint.  NaN (no nonzero value, no signal) sorts
-last.
+last.  Roles (``results.GroupResult``) rank the same way (``worst_tensors`` takes anything
+with ``schemes``); ``blocks_worst_first`` ranks them by their blocks.
 """
 
 from __future__ import annotations
@@ -65,3 +66,15 @@ def worst_tensors(tensors: list[TensorResult], sort: str = DEFAULT_METRIC,
     ranked = sorted(((badness(t.schemes[scheme], sort), i, t)
                      for i, t in enumerate(tensors) if t.schemes), key=lambda r: r[:2])
     return [t for _, _, t in ranked[:top]]
+
+
+def blocks_worst_first(groups: list, top: int, scheme: int = -1) -> list:
+    """The ``top`` of ``groups`` (roles or tensors) whose blocks under their ``scheme``-th
+    scheme flush most (the fraction of blocks with a value flushed), then saturate most,
+    then the first in the checkpoint; those without blocks are left out."""
+    ranked = sorted(((-g.schemes[scheme].blocks.flushing_fraction,
+                      -g.schemes[scheme].blocks.saturating_fraction, i, g)
+                     for i, g in enumerate(groups)
+                     if g.schemes and g.schemes[scheme].blocks is not None),
+                    key=lambda r: r[:3])
+    return [g for *_, g in ranked[:top]]

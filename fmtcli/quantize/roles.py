@@ -4,7 +4,9 @@ A transformer repeats the same tensors in every layer (``encoder.layer.0.attenti
 query.weight`` ... ``encoder.layer.5...``); a report by role merges them into one row,
 ``encoder.layer.*.attention.self.query.weight`` x6.  A layer index is a part of the dotted
 name made of digits only (``h.11.mlp``, ``layers.3.``, ``blocks.0``), so digits inside a word
-(``conv1``, ``fc2``, ``c_attn``) stay: they name different tensors, not copies.
+(``conv1``, ``fc2``, ``c_attn``) stay: they name different tensors, not copies.  A role is
+made of the tensor's key, not its file: the same name in several files of a folder
+(``a.pt:w``, ``b.pt:w``) is one role.
 """
 
 from __future__ import annotations
