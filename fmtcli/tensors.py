@@ -452,7 +452,8 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
     chosen = []
     for pattern in patterns:
         matched = [s for s in sources if s.key is not None and any(
-            name == pattern or fnmatch.fnmatchcase(name, pattern) for name in _names_of(s))]
+            name == pattern or fnmatch.fnmatchcase(name, pattern)
+            for name in (_names_of(s) if ":" in pattern else (s.key,)))]
         if not matched:
             keys = list(dict.fromkeys(shown(s.key) for s in sources if s.key is not None))
             listing = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")
