@@ -149,8 +149,9 @@ def test_compare_roles_merge_a_name_across_files(mpnn):
     assert roles["model_state_dict.W_out.bias"] == 5
 
 
-def test_compare_tables_show_files_and_cut_the_shared_prefix(mpnn):
-    lines = lines_of("compare", mpnn, mpnn)
+@pytest.mark.parametrize("columns", [80, 120])
+def test_compare_tables_show_files_and_cut_the_shared_prefix(mpnn, columns):
+    lines = lines_of("compare", mpnn, mpnn, columns=columns)
     assert lines[0] == "Names below are under model_state_dict."
     text = "\n".join(lines)
     assert "model_state_dict" not in "\n".join(lines[1:])
