@@ -18,7 +18,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from arith_oracle import FLOAT32, OVERFLOW, round_binary, round_listed
-from cli_helpers import assert_fits, assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import (
+    assert_fits,
+    assert_usage_error,
+    invoke,
+    json_of,
+    run_fmt,
+    strict_loads,
+    succeeds,
+)
 
 from fmtcli.arithmetic.calc import calculate, exact_text, parse_expression
 from fmtcli.arithmetic.ops import Arithmetic, arithmetic_spec, round_rational
@@ -226,7 +234,57 @@ def test_exact_text_is_exact_where_short():
     assert exact_text(Fraction(1, 10 ** 8)) == "1e-8"
     assert exact_text(Fraction(513, 512)) == "1.001953125"
     assert exact_text(Fraction(1, 3)) == "1/3"
-    assert exact_text(Fraction(2) ** 99999).startswith("≈ 10^30102")
+    assert exact_text(Fraction(2) ** 99999) == "2^99999"  # exact, beyond float64
+
+
+def leading_digits(q: Fraction, digits: int = 17) -> str:
+    """q's first significant digits, rounded, by decimal arithmetic (independent of fmt)."""
+    import decimal
+
+    with decimal.localcontext(decimal.Context(prec=digits)):
+        value = decimal.Decimal(q.numerator) / decimal.Decimal(q.denominator)
+    return f"{value:.{digits - 1}e}".replace("e+", "e+").replace("e", "e")
+
+
+@pytest.mark.parametrize(("expression", "text"), [
+    ("2^-99999", "2^-99999"), ("2^-13000", "2^-13000"), ("3 * 2^-13000", "3*2^-13000"),
+    ("-(2^99999)", "-2^99999"), ("3 * 10^-5000", "3e-5000"), ("10^-4400 * 7", "7e-4400")])
+def test_exact_values_past_python_s_4300_digits_are_written_exactly_and_bounded(
+        expression, text):
+    """Python refuses to write an int of more than 4,300 digits (exit 70 from 2^-13000):
+    a power of two is written as one, a short decimal as one, in a fresh process."""
+    result = run_fmt("calc", "--json", "--", expression)
+    assert result.returncode == 0, result.stderr
+    doc = strict_loads(result.stdout)
+    assert doc["exact_text"] == text
+
+
+def test_long_exact_values_are_seventeen_significant_digits():
+    """0.7^99999 (about 10^-15491): its 17 leading digits, and an exponent."""
+    doc = json_of("calc", "0.7^99999 * 3", "--format", "fp32")
+    q = Fraction(7, 10) ** 99999 * 3
+    mantissa, exponent = leading_digits(q).split("e")
+    assert doc["exact_text"] == f"≈ {mantissa}e{int(exponent):+d}"
+    assert doc["results"][0]["value"] == 0.0 and doc["results"][0]["rel_error"] == 1.0
+    step = doc["results"][0]["steps"][0]
+    assert step["exact_text"].startswith("≈ 9.09710873365768") and step["note"] == \
+        "underflow to 0"
+
+
+def test_exact_values_that_would_take_minutes_are_refused_at_once():
+    """12 factors of 0.7^99999 took 193 s (gcds of million-bit numbers); the estimate of
+    the exact value's work refuses it, and the 2,000-character expression of 200 factors,
+    before any work; 4 factors run (products of odd parts, no gcd)."""
+    for count in (12, 199):
+        start = time.perf_counter()
+        expression = "*".join(["0.7^99999"] * count)
+        assert len(expression) <= 2000
+        assert_usage_error(invoke("calc", expression), "exact value needs ~", "at most")
+        assert time.perf_counter() - start < 5
+    doc = json_of("calc", " * ".join(["0.7^99999"] * 4), "--format", "bf16")
+    assert doc["exact_text"].startswith("≈ 6.8487851547068") and doc["exact_text"].endswith(
+        "e-61961")
+    assert_usage_error(invoke("calc", " * ".join(["2^99999"] * 100) + " + 1"), "bits")
 
 
 # -- refusals ----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ and rounded once, in a chosen format and rounding mode.
   ``exactsum`` the exact sum of float64 values (an integer count of 2^-1074);
 - ``calc`` -- ``fmt calc``: a small expression evaluated step by step in each format, each
   step's exact value, rounded value and error, and where a term was absorbed;
+  ``expression`` its grammar, exact value and the estimate of that value's cost;
+  ``ratio`` exact rationals without gcds (n / d * 2^e) and their bounded text;
 - ``summation`` -- ``fmt sum``: values added with the running sum held in each accumulator
   format, in a chosen order, against the exact sum; where the sum stalls; and the weight
   update of mixed-precision training with and without an FP32 master copy; ``sum_inputs``

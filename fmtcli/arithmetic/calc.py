@@ -15,37 +15,33 @@ a literal, exact), ``+ - * /``, parentheses, unary minus, ``fma(a, b, c)`` (a * 
 one rounding) and ``sqrt(x)``.  Each literal is first stored in the format (rounded, a step
 when that changes it); each operation then takes the stored operands, computes the exact
 result and rounds it once.  The expression's exact value (every literal and operation
-exact; square roots to 256 bits) is the reference of each format's final error.
+exact; square roots to 256 bits) is the reference of each format's final error
+(``expression``: the grammar, the tree, the exact value and the estimate of its cost).
 """
 
 from __future__ import annotations
 
-import ast
 import math
-import re
-import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
 from ..choices import RoundingMode
-from ..errors import BadValueError, UsageError, shown
+from ..errors import UsageError
 from ..formats import FormatSpec
-from ..literals import parse_exact
-from .ops import Arithmetic, Number, arithmetic_spec, format_label, sqrt_reference
+from .expression import (
+    Node,
+    check_cost,
+    computed,
+    exact_value,
+    parse_expression,
+)
+from .ops import Arithmetic, arithmetic_spec, format_label
+from .ratio import Ratio, ratio_text, relative
+
+Number = Ratio | Fraction | float
 
 #: The formats of ``fmt calc`` with no --format: the article's BF16/FP16/FP32, and float64.
 DEFAULT_FORMATS = ("bfloat16", "float16", "float32", "float64")
-MAX_LENGTH = 2000  # characters of an expression
-MAX_OPERATIONS = 500  # operations and literals (each is a step of the trace)
-MAX_DEPTH = 200  # nesting of the expression tree
-MAX_POWER = 100_000  # |exponent| of a power
-MAX_BITS = 400_000  # bits of an exact power's numerator or denominator
-FUNCTIONS = {"fma": 3, "sqrt": 1}
-SPECIAL_NAMES = {"inf": math.inf, "infinity": math.inf, "nan": math.nan}
-OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-_HEX_FLOAT = re.compile(r"0[xX][0-9a-fA-F_]*(?:\.[0-9a-fA-F_]*)?[pP][+-]?[0-9]+")
-HINT = ("numbers, 2^-9, + - * /, parentheses, fma(a, b, c), sqrt(x); e.g. "
-        "'1 + 2^-9'")
 
 
 @dataclass(frozen=True)
@@ -112,254 +108,25 @@ class CalcResult:
                 "results": [r.to_dict() for r in self.results]}
 
 
-# -- parsing ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Node:
-    """The checked expression tree: ``op`` is "num" (``value`` exact), "neg", "+", "-",
-    "*", "/", "fma" or "sqrt"; ``text`` the source of the node as the user wrote it."""
-
-    op: str
-    text: str
-    args: tuple[_Node, ...] = ()
-    value: Fraction | float | None = None
-
-
-def _ascii_digits(text: str) -> str:
-    """Other scripts' decimal digits as ASCII (as Python's float() reads them)."""
-    return "".join(str(unicodedata.decimal(c)) if c.isdecimal() and not c.isascii() else c
-                   for c in text)
-
-
-def parse_expression(text: str) -> _Node:
-    """Check ``text`` against the grammar and return its tree; UsageError (exit 2) for
-    anything else: syntax errors, names other than inf/nan, calls other than fma/sqrt,
-    attributes, subscripts, other operators, powers that are not number^integer, and
-    expressions beyond the size limits."""
-    if not isinstance(text, str) or not text.strip():
-        raise UsageError("empty expression", HINT)
-    if len(text) > MAX_LENGTH:
-        raise UsageError(f"the expression has {len(text):,} characters: at most "
-                         f"{MAX_LENGTH:,}")
-    source = _ascii_digits(text.strip())
-    hexes: dict[str, str] = {}
-
-    def hex_name(match: re.Match) -> str:  # 0x1p-24 is not Python: a placeholder name
-        name = f"__hex{len(hexes)}__"
-        hexes[name] = match[0]
-        return name
-
-    source = _HEX_FLOAT.sub(hex_name, source)
-    caret = "^" in source
-    python = source.replace("^", "**")
-    try:
-        tree = ast.parse(python, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        detail = getattr(error, "msg", None) or type(error).__name__
-        raise UsageError(f"cannot read {shown(text)} as an expression ({detail})",
-                         HINT) from None
-    counter = [0]
-
-    def segment(node: ast.AST) -> str:
-        piece = ast.get_source_segment(python, node) or ""
-        for name, original in hexes.items():
-            piece = piece.replace(name, original)
-        return piece.replace("**", "^") if caret else piece
-
-    def build(node: ast.AST, depth: int) -> _Node:
-        if depth > MAX_DEPTH:
-            raise UsageError(f"the expression nests more than {MAX_DEPTH} levels deep")
-        counter[0] += 1
-        if counter[0] > MAX_OPERATIONS:
-            raise UsageError(f"the expression has more than {MAX_OPERATIONS} operations "
-                             "and numbers")
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return _Node("num", segment(node), value=_literal(segment(node)))
-        if isinstance(node, ast.Name):
-            if node.id in hexes:
-                return _Node("num", hexes[node.id], value=_literal(hexes[node.id]))
-            if node.id.lower() in SPECIAL_NAMES:
-                return _Node("num", node.id, value=SPECIAL_NAMES[node.id.lower()])
-            raise UsageError(f"unknown name {shown(node.id)} in the expression", HINT)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            inner = build(node.operand, depth + 1)
-            if isinstance(node.op, ast.UAdd):
-                return inner
-            if inner.op == "num":  # -3 is a number, not an operation
-                value = inner.value
-                negated = -0.0 if isinstance(value, Fraction) and value == 0 else -value
-                return _Node("num", segment(node), value=negated)
-            return _Node("neg", segment(node), (inner,))
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-            return _Node("num", segment(node), value=_power(node, segment, hexes))
-        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            return _Node(OPERATORS[type(node.op)], segment(node),
-                         (build(node.left, depth + 1), build(node.right, depth + 1)))
-        if isinstance(node, ast.Call):
-            name = node.func.id if isinstance(node.func, ast.Name) else None
-            if name not in FUNCTIONS:
-                what = shown(name) if name else "this"
-                raise UsageError(f"cannot call {what}: the functions are fma(a, b, c) and "
-                                 "sqrt(x)")
-            if node.keywords or len(node.args) != FUNCTIONS[name] or \
-                    any(isinstance(a, ast.Starred) for a in node.args):
-                raise UsageError(f"{name} takes {FUNCTIONS[name]} argument"
-                                 f"{'s' if FUNCTIONS[name] > 1 else ''}: "
-                                 f"{'fma(a, b, c)' if name == 'fma' else 'sqrt(x)'}")
-            return _Node(name, segment(node), tuple(build(a, depth + 1) for a in node.args))
-        raise UsageError(f"{shown(segment(node) or text)} is not part of the grammar", HINT)
-
-    try:
-        return build(tree.body, 0)
-    except RecursionError:
-        raise UsageError(f"the expression nests more than {MAX_DEPTH} levels deep") from None
-
-
-def _literal(text: str) -> Fraction | float:
-    """A number's exact value (the syntax of ``fmt underflow``; a BadValueError is a usage
-    error, exit 2)."""
-    try:
-        return parse_exact(text)
-    except BadValueError as error:
-        raise UsageError(f"in the expression: {error}") from None
-
-
-def _power(node: ast.BinOp, segment, hexes) -> Fraction | float:
-    """number ^ integer, exactly (bounded: a power of thousands of digits is refused)."""
-    base, exponent = node.left, node.right
-    sign = 1
-    while isinstance(exponent, ast.UnaryOp) and isinstance(exponent.op, (ast.USub, ast.UAdd)):
-        sign = -sign if isinstance(exponent.op, ast.USub) else sign
-        exponent = exponent.operand
-    if not (isinstance(exponent, ast.Constant) and type(exponent.value) is int):
-        raise UsageError(f"{shown(segment(node))}: a power is a number to an integer "
-                         "exponent (e.g. 2^-9)", HINT)
-    is_number = (isinstance(base, ast.Constant) and type(base.value) in (int, float)) or \
-        (isinstance(base, ast.Name) and base.id in hexes)
-    if not is_number:
-        raise UsageError(f"{shown(segment(node))}: the base of a power is a number (e.g. "
-                         "2^-9, 10^3); write other powers as products", HINT)
-    value = _literal(hexes.get(getattr(base, "id", ""), None) or segment(base))
-    power = sign * exponent.value
-    if abs(power) > MAX_POWER:
-        raise UsageError(f"{shown(segment(node))}: the exponent is beyond +-{MAX_POWER:,}")
-    if isinstance(value, float):  # inf, nan
-        return value ** power if value == value else value
-    if value == 0:
-        if power < 0:
-            raise UsageError(f"{shown(segment(node))} divides by zero")
-        return Fraction(1) if power == 0 else Fraction(0)
-    bits = max(value.numerator.bit_length(), value.denominator.bit_length()) * abs(power)
-    if bits > MAX_BITS:
-        raise UsageError(f"{shown(segment(node))} is too large to compute exactly "
-                         f"(~{bits:,} bits; at most {MAX_BITS:,})")
-    return value ** power
-
-
 # -- evaluation ------------------------------------------------------------------------
-
-def _exact_value(node: _Node) -> Number:
-    """The expression with no rounding at all (square roots to 256 bits); floats for
-    inf/NaN/signed zeros as IEEE 754 would give them."""
-    if node.op == "num":
-        return node.value
-    args = [_exact_value(a) for a in node.args]
-    if any(isinstance(a, float) and not math.isfinite(a) for a in args) or \
-            (node.op == "/" and args[1] == 0):
-        return _float_op(node.op, [float(a) for a in args])
-    if node.op == "neg":
-        return -args[0]
-    if node.op == "+":
-        return Fraction(args[0]) + Fraction(args[1])
-    if node.op == "-":
-        return Fraction(args[0]) - Fraction(args[1])
-    if node.op == "*":
-        return Fraction(args[0]) * Fraction(args[1])
-    if node.op == "/":
-        return Fraction(args[0]) / Fraction(args[1])
-    if node.op == "fma":
-        return Fraction(args[0]) * Fraction(args[1]) + Fraction(args[2])
-    if args[0] < 0:
-        return math.nan
-    return sqrt_reference(Fraction(args[0]))
-
-
-def _float_op(op: str, args: list[float]) -> float:
-    """IEEE 754's answer where an operand is inf or NaN, or a division by zero."""
-    a = args[0]
-    if op == "neg":
-        return -a
-    if op == "sqrt":
-        return math.nan if a < 0 or math.isnan(a) else a
-    b = args[1]
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        if b == 0:
-            return math.nan if a == 0 or math.isnan(a) else \
-                math.copysign(math.inf, a) * math.copysign(1.0, b)
-        return a / b
-    return a * b + args[2]  # fma: Python gives inf * 0 = nan, inf - inf = nan
-
 
 def _float(q: Number) -> float:
     """The float64 nearest a number (inf beyond float64's range)."""
     if isinstance(q, float):
         return q
-    try:
-        return float(q)
-    except OverflowError:
-        return math.inf if q > 0 else -math.inf
+    return float(Ratio.of(q))
 
 
 def exact_text(q: Number) -> str:
-    """A number written exactly where that is short: a terminating decimal (denominator
-    2^a 5^b) of at most 20 significant digits (1e-8, 0.1, 1.001953125), else a fraction of
-    small terms (1/3), else approximately (≈ and 17 digits; ≈ 10^k beyond float64)."""
+    """A number written exactly where that is short: a terminating decimal of at most 20
+    significant digits (1e-8, 0.1, 1.001953125), else a fraction of small terms (1/3),
+    else approximately (``≈`` and 17 digits; beyond float64 ``2^-13000`` where that is
+    exact, else ``≈ 1.0144e-3914``): ``ratio.ratio_text``, bounded for any size."""
     if isinstance(q, float):
         if q == 0:
             return "-0" if math.copysign(1, q) < 0 else "0"
         return "nan" if math.isnan(q) else ("inf" if q > 0 else "-inf")
-    if q == 0:
-        return "0"
-    n, d = q.numerator, q.denominator
-    twos = (d & -d).bit_length() - 1
-    rest = d >> twos
-    fives = 0
-    while rest % 5 == 0 and fives < 4000:
-        rest //= 5
-        fives += 1
-    if rest == 1 and abs(n).bit_length() <= 4000:
-        places = max(twos, fives)  # n / d = n * 10^places / d / 10^places, an integer
-        units = abs(n) * 10 ** places // d
-        digits = str(units).rstrip("0")
-        if len(digits) <= 20:
-            exponent = len(str(units)) - 1 - places  # of the leading digit
-            return ("-" if n < 0 else "") + _decimal(digits, exponent)
-    if d < 10**6 and abs(n) < 10**6:
-        return f"{n}/{d}"
-    value = _float(q)
-    if math.isinf(value) or value == 0:
-        exponent = math.log10(abs(n)) - math.log10(d)
-        return f"{'-' if q < 0 else ''}≈ 10^{exponent:.2f}"
-    return f"≈ {value:.17g}"
-
-
-def _decimal(digits: str, exponent: int) -> str:
-    """Significant ``digits`` (d.ddd) times 10**exponent: positional from 1e-7 to 1e21 (as
-    Python's repr), scientific outside."""
-    if -7 < exponent < 21:
-        if exponent < 0:
-            return "0." + "0" * (-exponent - 1) + digits
-        whole = digits[:exponent + 1].ljust(exponent + 1, "0")
-        frac = digits[exponent + 1:]
-        return whole + ("." + frac if frac else "")
-    mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-    return f"{mantissa}e{exponent:+d}".replace("e+", "e")
+    return ratio_text(Ratio.of(q))
 
 
 def _error(value: float, exact: Number) -> tuple[float, float]:
@@ -372,16 +139,16 @@ def _error(value: float, exact: Number) -> tuple[float, float]:
         if math.isinf(value):  # an overflow: inf - (any finite or opposite inf) = value
             return value, math.inf
         return -exact, math.inf  # a finite value of an infinite exact: x - inf = -inf
-    difference = Fraction(value) - Fraction(exact)
-    error = _float(difference)
-    if difference == 0:
+    exact = Ratio.of(exact)
+    difference = Ratio.of(value) - exact  # linear time: value is a float
+    if difference.n == 0:
         return 0.0, 0.0
-    if exact == 0:
-        return error, math.inf
-    return error, _float(abs(difference) / abs(Fraction(exact)))
+    if exact.n == 0:
+        return float(difference), math.inf
+    return float(difference), float(relative(difference, exact))
 
 
-def _note(node: _Node, operands: list[float], exact: Number, value: float) -> str:
+def _note(node: Node, operands: list[float], exact: Number, value: float) -> str:
     """What happened in an operation: invalid (NaN from numbers), overflow, underflow to
     0, exact, or "TERM absorbed" where a sum came out equal to one of its terms
     although the other was not zero (the article's 1 + 2^-9 = 1 in BF16)."""
@@ -411,36 +178,38 @@ def _note(node: _Node, operands: list[float], exact: Number, value: float) -> st
     return ""
 
 
-def _evaluate(node: _Node, arithmetic: Arithmetic, steps: list[CalcStep]) -> float:
-    """The node's value in the format, steps appended in the order they are computed."""
+def _evaluate(node: Node, arithmetic: Arithmetic, steps: list[CalcStep],
+              texts: dict[int, str]) -> float:
+    """The node's value in the format, steps appended in the order they are computed
+    (``texts``: the literals' exact texts, written once for all formats)."""
     spec = arithmetic.spec
     if node.op == "num":
         value = arithmetic.store(node.value)
         exact = node.value
         if not (isinstance(exact, float) and (math.isnan(exact) and math.isnan(value)
                                               or exact == value)) and \
-                not (isinstance(exact, Fraction) and math.isfinite(value)
-                     and exact == Fraction(value)):
-            steps.append(_step(node, "literal", exact, value, spec, [], arithmetic))
+                not (isinstance(exact, Ratio) and math.isfinite(value) and exact == value):
+            if id(node) not in texts:
+                texts[id(node)] = exact_text(exact)
+            steps.append(_step(node, "literal", exact, value, spec, [], texts[id(node)]))
         return value
-    operands = [_evaluate(a, arithmetic, steps) for a in node.args]
+    operands = [_evaluate(a, arithmetic, steps, texts) for a in node.args]
     if node.op == "neg":
         return -operands[0]  # exact: a sign flip
     method = {"+": arithmetic.add, "-": arithmetic.sub, "*": arithmetic.mul,
               "/": arithmetic.div, "fma": arithmetic.fma, "sqrt": arithmetic.sqrt}[node.op]
     exact, value = method(*operands)
-    steps.append(_step(node, "operation", exact, value, spec, operands, arithmetic))
+    steps.append(_step(node, "operation", exact, value, spec, operands, exact_text(exact)))
     return value
 
 
-def _step(node: _Node, kind: str, exact: Number, value: float, spec: FormatSpec,
-          operands: list[float], arithmetic: Arithmetic) -> CalcStep:
+def _step(node: Node, kind: str, exact: Number, value: float, spec: FormatSpec,
+          operands: list[float], text: str) -> CalcStep:
     error, rel = _error(value, exact)
     note = _note(node, operands, exact, value) if kind == "operation" else \
         _literal_note(exact, value)
-    return CalcStep(expression=node.text, kind=kind, exact=_float(exact),
-                    exact_text=exact_text(exact), value=value, error=error, rel_error=rel,
-                    note=note)
+    return CalcStep(expression=node.text, kind=kind, exact=_float(exact), exact_text=text,
+                    value=value, error=error, rel_error=rel, note=note)
 
 
 def _literal_note(exact: Number, value: float) -> str:
@@ -467,11 +236,14 @@ def calculate(expression: str, formats=DEFAULT_FORMATS,
     specs = [arithmetic_spec(f)[0] if isinstance(f, str) else f for f in formats]
     if not specs:
         raise UsageError("no formats given", "e.g. formats=['bf16', 'fp16', 'fp32']")
-    exact = _exact_value(tree)
+    check_cost(tree)
+    tree = computed(tree)
+    exact = exact_value(tree)
     results = []
+    texts: dict[int, str] = {}
     for spec in specs:
         steps: list[CalcStep] = []
-        value = _evaluate(tree, Arithmetic(spec, rounding, seed=seed), steps)
+        value = _evaluate(tree, Arithmetic(spec, rounding, seed=seed), steps, texts)
         error, rel = _error(value, exact)
         results.append(CalcFormat(
             format=format_label(spec), precision_bits=spec.mantissa_bits + 1, value=value,
