@@ -16,10 +16,11 @@ inflates it whole.  Here:
   ``INFLATE_IN_MEMORY`` bytes, above that into an unlinked temporary file that is mapped, so
   a member that inflates to GiBs does not take GiBs of RAM.
 
-bfloat16 saved by ``np.save`` from ml_dtypes is recorded as the descriptor ``'<V2'``.  numpy
-writes its own 2-byte void type as ``'|V2'``, and the only 2-byte type ml_dtypes registers is
-bfloat16, so ``'<V2'`` is read as bfloat16.  ml_dtypes' 1-byte types (every float8, float6,
-float4 and int4 variant) are all recorded as ``'<V1'`` (float8_e5m2 as ``'<f1'``): the file
+bfloat16 saved by ``np.save`` from ml_dtypes is recorded as the descriptor ``'<V2'``
+(``'>V2'`` when the array is big-endian).  numpy writes its own 2-byte void type as
+``'|V2'``, and the only 2-byte type ml_dtypes registers is bfloat16, so ``'<V2'`` and
+``'>V2'`` are read as bfloat16 in that byte order (readers swap it: ``quantize.stream``).
+ml_dtypes' 1-byte types (every float8, float6, float4 and int4 variant) are all recorded as ``'<V1'`` (float8_e5m2 as ``'<f1'``): the file
 does not say which one, so such a tensor is skipped with a note on how to convert it.
 """
 
@@ -126,10 +127,10 @@ def read_header(handle, where: str) -> Header:
 
 
 def _dtype_from_descr(descr, where: str) -> tuple[np.dtype | None, str | None]:
-    if descr == "<V2":
+    if descr in ("<V2", ">V2"):  # bfloat16; '>V2' from x.astype(bfloat16 big-endian)
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16), None
+        return np.dtype(ml_dtypes.bfloat16).newbyteorder(descr[0]), None
     if descr in ("<V1", "<f1"):
         return None, f"dtype {descr!r} is {_UNKNOWN_1_BYTE}"
     try:

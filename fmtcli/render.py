@@ -681,7 +681,7 @@ def _worst_blocks(result: QuantizeResult, names: _Names) -> Group:
         parts.append(HeadedRows(f"Worst {len(blocks):,} blocks under {label}", "block",
                                 ["amax", "scale", "flushed", "max rel err"], items,
                                 caption="block: (row, column) in the grid of blocks of the "
-                                        "tensor's (rows x last axis) matrix"))
+                                        "tensor's matrix view"))
     return Group(*parts)
 
 

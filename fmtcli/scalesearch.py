@@ -40,7 +40,14 @@ from .quantize.engine import worker_count
 from .quantize.metrics import ErrorAccumulator
 from .quantize.parallel import default_workers, run_tasks, work_array
 from .quantize.results import ScaleSummary, SchemeStats
-from .quantize.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
+from .quantize.stream import (
+    CHUNK_ELEMENTS,
+    ChunkReader,
+    chunk_slices,
+    matrix_shape,
+    short_rows_text,
+    tile_of,
+)
 from .scaling import ScaleRule
 from .schemes import Granularity, ScaleFormat, Scheme
 from .tensors import TensorInfo, TensorSource, skipped_records
@@ -163,7 +170,7 @@ def _percentile_fits(base: Scheme, steps: list[TensorSource]) -> bool:
     per column."""
     for step in steps:
         rows, cols = matrix_shape(step.shape)
-        tr, tc = base.tile_shape(rows, cols, len(step.shape))
+        tr, tc = tile_of(base, step.shape)
         if tr >= rows > 1 and tc < cols:
             return False
     return True
@@ -174,8 +181,7 @@ def _per_element(base: Scheme, steps: list[TensorSource]) -> list[TensorSource]:
     scale (``--per column`` of a 1-D tensor, which is one row; ``--block 1``)."""
     out = []
     for step in steps:
-        rows, cols = matrix_shape(step.shape)
-        if step.size > 1 and base.tile_shape(rows, cols, len(step.shape)) == (1, 1):
+        if step.size > 1 and tile_of(base, step.shape) == (1, 1):
             out.append(step)
     return out
 
@@ -366,6 +372,9 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
                      f"({_names(left)}) left out of the ranking: --include-buffers counts "
                      "them")
         quantizable = [quantizable[i] for i in counted]
+    short = short_rows_text(quantizable, [base])
+    if short:
+        notes.append(short)
     per_element = _per_element(base, quantizable)
     if per_element:
         why = (": a 1-D tensor is one row, so --per column gives each value its own scale"

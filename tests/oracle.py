@@ -98,10 +98,18 @@ def read_safetensors(path: Path) -> tuple[dict, dict]:
 # -- the reference quantizer ------------------------------------------------------------------
 
 def matrix_view(x: np.ndarray) -> np.ndarray:
-    """All leading dimensions by the last one (a 1-D tensor is one row)."""
-    if x.ndim == 0:
-        return x.reshape(1, 1)
-    return x.reshape(-1, x.shape[-1])
+    """The matrix view docs/quantize.md defines ("How an N-D tensor is blocked"): trailing
+    size-1 axes dropped; a vector is one row; 4+ axes (conv weights O x I x kh x kw) and 3
+    axes whose last is shorter than 32 (conv1d O x I x K) are the first axis by the rest;
+    otherwise all leading axes by the last."""
+    shape = list(x.shape)
+    while len(shape) > 1 and shape[-1] == 1:
+        shape.pop()
+    if len(shape) <= 1:
+        return x.reshape(1, -1) if x.size else x.reshape(1, 0)
+    if x.ndim >= 4 or (len(shape) == 3 and shape[-1] < 32):
+        return x.reshape(shape[0], -1)
+    return x.reshape(-1, shape[-1])
 
 
 def ref_scale(amax, fmt: str = "float8_e4m3fn", rule: str = "amax", margin: int = 0):

@@ -369,7 +369,7 @@ def test_float64_beyond_float32_range(kwargs):
 
     scheme = build_scheme(**kwargs)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no RuntimeWarning (overflow in maximum, ...)
+        warnings.simplefilter("error", RuntimeWarning)  # none (overflow in maximum, ...)
         with pytest.raises(DataError, match=r"'big'.*beyond float32's range") as caught:
             quantize([source(BIG64, name="big")], [scheme], workers=1)
         assert "product='exact'" in str(caught.value)

@@ -224,3 +224,59 @@ def test_auto_sends_large_tensors_to_the_gpu(monkeypatch):
     monkeypatch.setattr(q, "AUTO_CUDA_ELEMENTS", data.size + 1)
     small = quantize([source], schemes, backend="auto", device="auto").tensors[0].schemes
     assert small[1].scales.distinct is not None  # below the threshold: the CPU engine
+
+
+def _quantize_in_a_fresh_process(path, *options) -> dict:
+    """``fmt quantize PATH OPTIONS --json`` as a user runs it (a new process: nothing
+    imported beforehand, ml_dtypes included); the document."""
+    import json
+
+    from cli_helpers import run_fmt
+
+    done = run_fmt("quantize", path, *options, "--json")
+    assert done.returncode == 0, done.stderr.decode()[-800:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("code", ["f2", "f4", "bf16"])
+def test_cuda_reads_big_endian_files_from_the_command_line(tmp_path, code):
+    """A big-endian .npy ('>f2', '>f4', bfloat16 as '>V2') on --device cuda: the statistics
+    of its little-endian twin, on the fused kernel (no distinct-scale count) and on the
+    CPU engine alike."""
+    dtype = np.dtype(ml_dtypes.bfloat16) if code == "bf16" else np.dtype(code)
+    data = cases()["outlier"].astype(dtype)
+    paths = {}
+    for order in "<>":
+        paths[order] = tmp_path / f"{'le' if order == '<' else 'be'}.npy"
+        np.save(paths[order], data.astype(dtype.newbyteorder(order)))
+    on_gpu = {order: _quantize_in_a_fresh_process(path, "--block", "128", "--device", "cuda",
+                                                  "--backend", "torch")
+              for order, path in paths.items()}
+    cpu = _quantize_in_a_fresh_process(paths["<"], "--block", "128")
+    le, be = (on_gpu[o]["tensors"][0]["schemes"] for o in "<>")
+    assert be == le
+    assert le[1]["scales"]["distinct"] is None  # the fused kernel ran block 128
+    for gpu, host in zip(le, cpu["tensors"][0]["schemes"]):
+        for key in ("flushed", "saturated", "nan_produced", "median_rel_error",
+                    "p99_rel_error", "max_abs_error"):
+            assert gpu[key] == host[key], (key, gpu[key], host[key])
+
+
+@pytest.mark.parametrize("shape", [(64, 32, 64, 1), (64, 200)])
+def test_cuda_blocks_the_matrix_view_from_the_command_line(tmp_path, shape):
+    """--device cuda blocks the tensor's matrix view as the CPU does: a conv weight
+    O x I x K x 1 as O x I*K (the fused kernel takes it: rows of 2048), and rows of 200
+    under blocks of 128 (128 + 72: not the kernel's flat blocks) on the CPU engine."""
+    rng = np.random.default_rng(7)
+    path = tmp_path / "w.npy"
+    np.save(path, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+    gpu = _quantize_in_a_fresh_process(path, "--block", "128", "--device", "cuda",
+                                       "--backend", "torch")
+    cpu = _quantize_in_a_fresh_process(path, "--block", "128")
+    assert gpu["tensors"][0]["matrix"] == cpu["tensors"][0]["matrix"]
+    if shape[-1] == 1:
+        assert gpu["tensors"][0]["schemes"][1]["scales"]["distinct"] is None  # the kernel
+    for g, c in zip(gpu["tensors"][0]["schemes"], cpu["tensors"][0]["schemes"]):
+        assert g["scales"]["count"] == c["scales"]["count"]
+        for key in ("flushed", "median_rel_error", "p99_rel_error", "max_abs_error"):
+            assert g[key] == c[key], (key, g[key], c[key])

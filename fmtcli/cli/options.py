@@ -59,7 +59,7 @@ BlockOption = Annotated[Optional[int], typer.Option(
     "--block", metavar="N", help="One scale per N elements along --axis.",
     show_default=False)]
 TileOption = Annotated[Optional[str], typer.Option(
-    "--tile", metavar="RxC", help="One scale per RxC tile of the (rows x last axis) matrix, "
+    "--tile", metavar="RxC", help="One scale per RxC tile of the tensor's matrix view, "
     "e.g. 128x128 or 1x128.")]
 
 
@@ -72,8 +72,9 @@ class Per(str, Enum):
 
 
 PerOption = Annotated[Optional[Per], typer.Option(
-    "--per", case_sensitive=False, help="One scale per tensor, row or column (of the "
-    "rows x last-axis matrix; a 1-D tensor is one row).", show_default=False)]
+    "--per", case_sensitive=False, help="One scale per tensor, row or column of its "
+    "matrix view (rows x last axis; a 1-D tensor is one row; conv weights O x I*kh*kw).",
+    show_default=False)]
 AxisOption = Annotated[Optional[int], typer.Option(
     "--axis", help="Axis of --block: -1 (last, default) or 0 (first).")]
 KeyOption = Annotated[Optional[list[str]], typer.Option(

@@ -102,9 +102,10 @@ def warning_as_note(message, category, filename, lineno, file=None, line=None) -
     """``warnings.showwarning`` of the CLI: a warning (a numpy RuntimeWarning that escaped
     its source, say) becomes one ``Note:`` line instead of two lines naming our source.
     fmtcli's own notes (``checkpoints.CheckpointNote``: files of a model folder left
-    unread; ``quantize.native.KernelNote``: a large input without the compiled kernel) are
-    said as they are; other warnings name their category."""
-    if category.__name__ in ("CheckpointNote", "KernelNote"):
+    unread; ``quantize.native.KernelNote``: a large input without the compiled kernel;
+    ``quantize.stream.BlockNote``: blocks shorter than asked) are said as they are; other
+    warnings name their category."""
+    if category.__name__ in ("CheckpointNote", "KernelNote", "BlockNote"):
         note(str(message))
     else:
         note(f"{message} ({category.__name__})")

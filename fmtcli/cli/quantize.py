@@ -140,7 +140,8 @@ def quantize_command(
 
     x_q = cast(x * scale) / scale.  Prints flushed values, median/p99 relative error, max
     abs error, RMSE, SQNR, bias and saturation for each scheme.  Default scheme: blocks
-    of 128 along the last axis, float8_e4m3fn, amax scales.  Tensors that are not floating
+    of 128 along the rows of the tensor's matrix view (a matrix's last axis; conv weights
+    O x I*kh*kw), float8_e4m3fn, amax scales.  Tensors that are not floating
     point (e.g. int64 position_ids) are skipped with a note on stderr.
     """
     from ..quantize import quantize

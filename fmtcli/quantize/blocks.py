@@ -156,7 +156,7 @@ class BlockStats:
 @dataclass(frozen=True)
 class WorstBlock:
     """One of the worst blocks of a scheme: where it is and what it did.  ``row`` and
-    ``column`` index the block grid of the tensor's matrix view (rows x last axis)."""
+    ``column`` index the block grid of the tensor's matrix view (``stream.matrix_shape``)."""
 
     scheme: str  # the scheme's label
     tensor: str  # the tensor's name

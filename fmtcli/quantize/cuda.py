@@ -26,6 +26,7 @@ from ..scaling import Product
 from ..schemes import Scheme, for_tensor
 from ..tensors import TensorSource
 from .results import SchemeRun
+from .stream import view_shape
 
 # From this many elements of one tensor on, --backend auto with --device auto runs the
 # schemes the fused CUDA kernel takes on the GPU when torch and a GPU with room for it are
@@ -69,7 +70,7 @@ def kernel_takes(source: TensorSource, schemes: list[Scheme], casts) -> list[boo
     if not available():
         return [False] * len(schemes)
     return [c == ON_GPU and s.product is Product.FLOAT32
-            and fast_path_applies(for_tensor(s, source.key, len(source.shape)), source.shape)
+            and fast_path_applies(for_tensor(s, source.key, len(view_shape(source.shape))), source.shape)
             for s, c in zip(schemes, casts)]
 
 
@@ -107,7 +108,7 @@ def quantize_on_gpu(source: TensorSource, schemes: list[Scheme], progress):
         x = x.view(torch.bfloat16)
     results = []
     for scheme in schemes:
-        scheme = for_tensor(scheme, source.key, len(source.shape))
+        scheme = for_tensor(scheme, source.key, len(view_shape(source.shape)))
         acc, summary = quantize_blocks_cuda(x, scheme)
         results.append(SchemeRun(scheme, acc, summary))  # no per-block facts on this path
     if progress:

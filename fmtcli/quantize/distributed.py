@@ -165,7 +165,8 @@ def _unpack_run(packed) -> SchemeRun:
 @dataclass(frozen=True)
 class MappedTensor:
     """What a worker needs to read a tensor: its name (for messages and the stochastic
-    rounding seed), shape and dtype, and where its bytes lie (an absolute path, an offset)."""
+    rounding seed), shape and dtype, and where its bytes lie (an absolute path, an offset)
+    and in which byte order ('=' native, or '>' / '<': a big-endian .npy stays big-endian)."""
 
     source: str
     key: str | None
@@ -173,13 +174,15 @@ class MappedTensor:
     dtype: str
     path: str
     offset: int
+    byteorder: str = "="
 
     def open(self) -> TensorSource:
         from ..npyfile import memory_map
 
+        stored = numpy_dtype(self.dtype).newbyteorder(self.byteorder)
+
         def opener():
-            return memory_map(self.path, numpy_dtype(self.dtype), self.offset,
-                              self.shape or (1,))
+            return memory_map(self.path, stored, self.offset, self.shape or (1,))
 
         return TensorSource(self.source, self.key, self.shape, self.dtype, opener)
 
@@ -274,7 +277,9 @@ def mapped(source: TensorSource, address: str = "...") -> MappedTensor:
                              "or uncompressed .npz tensor in C order",
                              "convert it, or run on this machine alone")
         return MappedTensor(source.source, source.key, tuple(source.shape), source.dtype,
-                            os.path.abspath(reader.path), int(reader.offset))
+                            os.path.abspath(reader.path), int(reader.offset),
+                            reader.source_dtype.byteorder if not reader.source_dtype.isnative
+                            else "=")
     finally:
         reader.close()
 

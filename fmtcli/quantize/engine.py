@@ -53,7 +53,16 @@ from .results import (
     top_blocks,
 )
 from .roles import counted_in_total, is_buffer, roles_in_order
-from .stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, keep_freed_memory, matrix_shape
+from .stream import (
+    CHUNK_ELEMENTS,
+    ChunkReader,
+    chunk_slices,
+    keep_freed_memory,
+    matrix_shape,
+    note_short_rows,
+    tile_of,
+    view_shape,
+)
 from .writers import NpyWriter, codes_of, output_names, write_codes
 
 Progress = Callable[[int, int], None]
@@ -64,8 +73,8 @@ def plan_schemes(source: TensorSource, schemes: list[Scheme]) -> list[Plan]:
     rows, cols = matrix_shape(source.shape)
     plans = []
     for scheme in schemes:
-        scheme = for_tensor(scheme, source.key, len(source.shape))
-        tile = scheme.tile_shape(rows, cols, len(source.shape))
+        scheme = for_tensor(scheme, source.key, len(view_shape(source.shape)))
+        tile = tile_of(scheme, source.shape)
         spans = (tile[0] >= rows and rows > 1) or (rows == 1 and tile[1] >= cols)
         plan = Plan(scheme, tile, spans or scheme.fixed_scale is not None,
                     needs_tensor_amax=scheme.scale_format is ScaleFormat.E4M3_FP32)
@@ -572,8 +581,9 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
                          "write .npz or .safetensors")
     if worst_blocks < 0:
         raise UsageError(f"worst_blocks={worst_blocks}: must be >= 0")
+    note_short_rows(usable, schemes)
     tensors, coded = [], []
-    names = dict(zip(map(id, usable), output_names(usable)))
+    out_names = dict(zip(map(id, usable), output_names(usable)))  # --out's member names
     totals = [SchemeRun.empty(s) for s in schemes]
     names = [name_of(s) for s in usable]
     counted = set(counted_in_total(names, include_buffers))
@@ -634,9 +644,10 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
         elif codes is not None:
             grid, tile = kept
             applied = runs[keep].scheme
-            coded.append((names[id(source)], np.array(codes).reshape(source.shape), grid,
+            coded.append((out_names[id(source)], np.array(codes).reshape(source.shape), grid,
                           {"scheme": applied.to_dict(), "tile": list(tile),
-                           "shape": list(source.shape)}))
+                           "shape": list(source.shape),
+                           "matrix": list(matrix_shape(source.shape))}))
     if coded:
         write_codes(out, coded)
     total = (tuple(replace(run.stats(), per_tensor_sqnr=TensorSqnr.of(sqnrs))

@@ -27,6 +27,7 @@ from .metrics import (
     histogram_quantile,
     scaled_sum,
 )
+from .stream import matrix_shape
 
 DISTINCT_CAP = 1 << 16
 
@@ -399,9 +400,11 @@ class TensorResult:
         return self.tensor.skipped
 
     def to_dict(self) -> dict:
-        """The tensor's keys, then ``skipped`` (why it was left out, or null) and
-        ``schemes`` (empty for a skipped tensor): every key always present."""
+        """The tensor's keys and ``matrix`` (the [rows, columns] of the matrix view its
+        blocks tile: ``stream.matrix_shape``), then ``skipped`` (why it was left out, or
+        null) and ``schemes`` (empty for a skipped tensor): every key always present."""
         out = self.tensor.to_dict()
+        out["matrix"] = list(matrix_shape(self.tensor.shape))
         out["buffer"] = self.buffer
         out["in_total"] = self.in_total and not self.skipped
         out["skipped"] = self.skipped

@@ -6,8 +6,9 @@
 - ``.npz`` / ``.safetensors``: for every tensor ``<key>.codes`` (the raw element codes,
   uint8 for formats of up to 8 bits) and ``<key>.scales`` (one per tile, in the direction
   ``x_q = decode(codes) / scales``; float32, or float64 where float32 cannot hold the
-  scales of ``--product exact``).  The .safetensors metadata records the format,
-  scheme and tile of each tensor.
+  scales of ``--product exact``).  The scales' grid tiles the tensor's matrix view
+  (``stream.matrix_shape``); the metadata records per tensor the scheme, the tile, the
+  shape and that view (``matrix``: [rows, columns]).
 
 Every file is written to a temporary name (``.fmtcli-*``) in the target directory and
 renamed into place when complete; a write that fails for any reason (disk full, an
@@ -32,6 +33,7 @@ from ..dtypes import SAFETENSORS_CODES
 from ..errors import DataError, UsageError, shown
 from ..formats import FormatSpec
 from ..rounding import encode
+from .stream import matrix_shape
 
 OUT_SUFFIXES = (".npy", ".npz", ".safetensors")
 
@@ -163,7 +165,8 @@ class NpyWriter:
             self.abort()
             reason = getattr(error, "strerror", None) or error
             raise DataError(f"cannot write {shown(path)} ({reason})") from None
-        self.matrix = self.array.reshape(-1, shape[-1] if shape else 1)
+        # the chunks come as parts of the tensor's matrix view (``stream.matrix_shape``)
+        self.matrix = self.array.reshape(matrix_shape(shape))
 
     def write(self, rows: slice, cols: slice, values: np.ndarray) -> None:
         try:
