@@ -616,10 +616,14 @@ def _summary(result: QuantizeResult, names: _Names, top: int, sort: str, caption
                                      [(f"x{g.count:,}", cells(g.schemes[-1]))])
                                     for g in shown], name_header="role",
             caption=None if shown is groups else _more(len(groups) - len(shown), "role")))
-    worst = worst_tensors(quantized, sort=sort, top=top)
+    # the tensors the total counts: buffers (running_var, ...) are not ranked unless counted
+    ranked = [t for t in quantized if t.in_total] or quantized
+    worst = worst_tensors(ranked, sort=sort, top=top)
     if worst:
+        left_out = "" if len(ranked) == n else " (buffers left out)"
         parts.append(HeadedRows(
-            f"Worst {len(worst):,} of {n:,} tensors by {sort}, under {main}", "shape",
+            f"Worst {len(worst):,} of {len(ranked):,} tensors by {sort}{left_out}, under "
+            f"{main}", "shape",
             _SUMMARY_HEADERS, [(names(t), None, [(_shape_text(t.tensor.shape),
                                                   cells(t.schemes[-1]))])
                                for t in worst]))

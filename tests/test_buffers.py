@@ -123,3 +123,32 @@ def test_scale_search_ranks_without_buffers(crepe):
     assert any("non-weight buffers" in n and "--include-buffers" in n for n in doc["notes"])
     every = json_of("scale-search", crepe, "--include-buffers")
     assert every["candidates"][0]["count"] > doc["candidates"][0]["count"]
+
+
+
+def test_the_worst_tensors_are_ranked_without_the_buffers(tmp_path):
+    """The summary's worst-tensor list (more than 8 tensors) ranks what the total counts:
+    BatchNorm buffers whose values flush under mxfp4 are not listed, unless
+    --include-buffers counts them."""
+    import re
+
+    rng = np.random.default_rng(3)
+    tensors = {f"conv{i}.weight": (rng.standard_normal((64, 64)) * 0.05).astype(np.float32)
+               for i in range(8)}
+    for i in range(3):  # values over 7 decades: blocks of 32 flush most of them
+        tensors[f"bn{i}.running_var"] = np.exp(rng.uniform(-8, 8, 256)).astype(np.float32)
+    path = tmp_path / "ckpt.safetensors"
+    save_file(tensors, str(path))
+
+    def listed(*extra):
+        out = invoke("quantize", path, "--recipe", "mxfp4", "--top", "20", "--sort", "flushed",
+                     *extra, env={"COLUMNS": "100"}).stdout
+        table = out.split("Worst", 1)[1].split("Total of", 1)[0]
+        return out, set(re.findall(r"^ ([a-z]\S*\.\S+)\s", table, re.M))
+
+    out, names = listed()
+    assert names == {f"conv{i}.weight" for i in range(8)}, names
+    assert "(buffers left out)" in out
+    out, names = listed("--include-buffers")
+    assert {f"bn{i}.running_var" for i in range(3)} <= names
+    assert "(buffers left out)" not in out
