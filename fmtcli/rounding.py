@@ -2,8 +2,8 @@
 
 The engine works on the input's own float type (float16 and bfloat16 are widened to float32
 first, exactly; float64 stays float64), so a float64 input is rounded once, straight to the
-target, where ml_dtypes goes through float32 and rounds twice (68.00000357 becomes 72 in
-float8_e4m3fn here, 64 there).
+target: 68.00000357 becomes 72 in float8_e4m3fn, as in ml_dtypes 0.7.0; ml_dtypes before
+0.7.0 casts float64 through float32 first, rounding twice, and gives 64.
 
 How: for each x the unbiased exponent e comes from ``frexp``; the spacing of the target at x
 is ``ulp = 2**(max(e, min_exponent) - mantissa_bits)`` (the max() is the subnormal range);
@@ -25,7 +25,8 @@ Special values, by format kind:
   ``encode`` gives that code too, as the only one the hardware could write).
 - formats with no mantissa bits (E8M0, custom ``e7m0``): "nearest-even" has no even
   neighbour to prefer (every grid point is a power of two, each with mantissa 0), so a tie
-  (1.5 * 2**k) goes up in magnitude, to 2**(k+1), as ml_dtypes and torch do; IEEE 754
+  (1.5 * 2**k) goes up in magnitude, to 2**(k+1), as ml_dtypes (from 0.5.3) and torch do;
+  ml_dtypes 0.5.0 sends it to the even code, 2**k for odd k; IEEE 754
   leaves this case undefined.
 - unsigned formats (E8M0): negative inputs are NaN; formats without zero (E8M0): 0 is NaN
   and positive values below the smallest become the smallest (as ml_dtypes).
