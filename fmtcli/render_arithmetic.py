@@ -55,8 +55,14 @@ def _short(text: str, value: float, digits: int) -> str:
         return text
     if "/" in text and len(text) <= 12:
         return text
-    if not math.isfinite(value) or value == 0:
-        return text.replace("≈ ", "≈")
+    if not math.isfinite(value) or value == 0:  # beyond float64: ≈ d.ddd...e-15491
+        sign, _, approximate = text.partition("≈ ")
+        mantissa, e, exponent = approximate.partition("e")
+        if not e:
+            return text.replace("≈ ", "≈")
+        rounded = f"{float(mantissa):.{digits - 1}e}"  # 9.9999 may round to 1.0000e+01
+        shift = int(rounded.partition("e")[2])
+        return f"{sign}≈{rounded.partition('e')[0]}e{int(exponent) + shift:+d}"
     return f"≈{value:.{digits}g}"
 
 

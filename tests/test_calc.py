@@ -271,6 +271,14 @@ def test_long_exact_values_are_seventeen_significant_digits():
         "underflow to 0"
 
 
+@pytest.mark.parametrize("width", [80, 120])
+def test_values_beyond_float64_are_shown_to_the_table_s_digits(width):
+    out = succeeds("calc", "0.7^99999 * 3", "--format", "bf16",
+                   env={"COLUMNS": str(width)}).stdout
+    assert_fits(out, width)
+    assert "≈9.097109e-15491" in out and "≈2.729133e-15490" in out
+
+
 def test_exact_values_that_would_take_minutes_are_refused_at_once():
     """12 factors of 0.7^99999 took 193 s (gcds of million-bit numbers); the estimate of
     the exact value's work refuses it, and the 2,000-character expression of 200 factors,
