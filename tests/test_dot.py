@@ -9,6 +9,7 @@ figures from their definitions."""
 from __future__ import annotations
 
 import math
+import time
 from fractions import Fraction
 
 import ml_dtypes
@@ -150,6 +151,60 @@ def test_block_scales_match_fraction_reference():
                                                 * qb.dequant[k0 // 16, j // 16]),
                 6, TZ, 8, 4)
             assert c[i, j] == want
+
+
+@pytest.mark.parametrize("granularity,promote", [("tensor", None), ("row", 48),
+                                                  ("block:16", 16)])
+@pytest.mark.parametrize("accumulator", [None, "bf16"])
+def test_tiles_give_the_whole_matrix_s_outputs_bit_for_bit(monkeypatch, granularity, promote,
+                                                          accumulator):
+    """The emulation runs tile by tile (a tile's products within TILE_BYTES): tiles of a
+    few rows and columns -- block scales cut across them -- give the outputs of one tile
+    over the whole matrix, bit for bit."""
+    a, b = random_operands(29, 45, 96)
+    kind, block = D.parse_granularity(granularity)
+    qa, qb = D.quantize_operands(a, b, E4M3, kind, block)
+    acc = None if accumulator is None else get_format(accumulator)
+    whole = D.emulate_gemm(qa, qb, kind, block, accumulator=acc, promote_every=promote)
+    monkeypatch.setattr(D, "TILE_BYTES", 32 * 4 * 7)  # tiles of 7 columns, one row
+    assert D.tiles(29, 45, 32, 4) == (1, 7)
+    tiled = D.emulate_gemm(qa, qb, kind, block, accumulator=acc, promote_every=promote)
+    assert np.array_equal(whole, tiled)
+    monkeypatch.setattr(D, "TILE_BYTES", 32 * 4 * 45 * 5)  # five whole rows a tile
+    assert D.tiles(29, 45, 32, 4) == (5, 45)
+    assert np.array_equal(whole, D.emulate_gemm(qa, qb, kind, block, accumulator=acc,
+                                                promote_every=promote))
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--m", "4096", "--n", "4096", "--k", "128"], None),  # the largest M x N: allowed
+    (["--m", "1", "--n", "16384", "--k", "8192"], "GiB"),
+    (["--m", "1", "--n", "1", "--k", "100000000"], "GiB"),
+    (["--m", "1", "--n", "1", "--k", "10000000"], "steps"),
+    (["--m", "64", "--n", "64", "--k", "262144", "--promote-every", "1"], "--promote-every 1"),
+])
+def test_memory_and_loop_limits_are_checked_before_any_work(args, fragment):
+    """--m 4096 --n 4096 --k 32 needed 7.1 GB at once; now the tiles keep it near 1 GB,
+    and shapes whose estimate passes 3 GiB, or whose loop passes MAX_STEPS, are refused
+    with the estimate, at once."""
+    m, n, k = (int(args[i]) for i in (1, 3, 5))
+    assert (D.memory_needed(m, n, k) <= D.MAX_MEMORY) is (fragment != "GiB")
+    if fragment is None:
+        D.check_size(m, n, k)
+        return
+    start = time.perf_counter()
+    assert_usage_error(invoke("dot", *args), fragment, "at most")
+    assert time.perf_counter() - start < 5
+
+
+def test_files_too_large_for_memory_are_refused_by_their_shapes(tmp_path):
+    """A and B of 1 x 50,000,000 and 50,000,000 x 1 (sparse files): refused from the
+    headers, before reading 400 MB."""
+    for name, shape in (("a.npy", (1, 50_000_000)), ("b.npy", (50_000_000, 1))):
+        np.lib.format.open_memmap(tmp_path / name, mode="w+", dtype=np.float32, shape=shape)
+    start = time.perf_counter()
+    assert_usage_error(invoke("dot", tmp_path / "a.npy", tmp_path / "b.npy"), "GiB")
+    assert time.perf_counter() - start < 5
 
 
 def test_cancellation_and_zero_sums_are_exact():

@@ -72,6 +72,13 @@ MAX_BITS = 40
 MAX_WORK = 1 << 31
 #: The largest M * N (the float64 references and the outputs are held whole).
 MAX_OUTPUTS = 1 << 24
+#: The memory an emulation may need (estimated before it starts, ``memory_needed``): the
+#: command then fits a 4 GiB process with room for Python and numpy themselves.
+MAX_MEMORY = 3 << 30
+#: Bytes of one tile's products (M_t x group x N_t): the emulation runs tile by tile.
+TILE_BYTES = 32 << 20
+#: Steps of the Python loop (tiles x K / group): each costs ~0.1 ms of numpy overhead.
+MAX_STEPS = 1 << 17
 DEFAULT_BLOCK = 128
 
 
@@ -244,12 +251,17 @@ def load_operands(paths: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[str, 
         raise DataError(f"dot takes two tensors A and B (two files, or one file holding two, "
                         f"or named a and b); {', '.join(shown(p) for p in paths[:5])} "
                         f"{'holds' if len(paths) == 1 else 'hold'} {len(sources)} usable")
+    for label, source in zip("AB", sources):
+        shape = tuple(source.shape)
+        if len(shape) != 2 or 0 in shape:
+            raise DataError(f"{label} ({shown(source.name)}) must be a nonempty matrix, got "
+                            f"shape {'x'.join(map(str, shape)) or 'scalar'}")
+    (m, k), (k_b, n) = sources[0].shape, sources[1].shape
+    if k == k_b:  # the limits before reading: the files may be far larger than memory
+        check_size(m, n, k)
     arrays = []
     for label, source in zip("AB", sources):
         x = np.asarray(source.array(), dtype=np.float64)
-        if x.ndim != 2 or 0 in x.shape:
-            raise DataError(f"{label} ({shown(source.name)}) must be a nonempty matrix, got "
-                            f"shape {'x'.join(map(str, x.shape)) or 'scalar'}")
         if not np.all(np.isfinite(x)):
             raise DataError(f"{label} ({shown(source.name)}) holds NaN or inf")
         arrays.append(x)
@@ -260,14 +272,54 @@ def load_operands(paths: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[str, 
     return a, b, tuple(s.name for s in sources)
 
 
-def check_size(m: int, n: int, k: int) -> None:
-    """Refuse products the CPU emulation cannot finish in reasonable time or memory."""
+def memory_needed(m: int, n: int, k: int) -> int:
+    """Bytes the emulation holds at its peak, an upper estimate: A and B in float64 with
+    the copies quantization makes (~48 bytes an element), the M x N outputs, references
+    and error figures (~72 bytes an output: float64 arrays, the largest transients of
+    ``error_figures`` included) and one tile's products with their temporaries (5 x
+    TILE_BYTES).  Measured peaks (``/usr/bin/time``) lie below it (docs/dot.md)."""
+    return 48 * (m + n) * k + 72 * m * n + 5 * TILE_BYTES
+
+
+def tiles(m: int, n: int, group: int, itemsize: int = 8) -> tuple[int, int]:
+    """Rows and columns of the output tiles: one tile's products (rows x group x cols) fill
+    at most TILE_BYTES (whole rows where they fit)."""
+    per_column = group * itemsize
+    cols = min(n, max(1, TILE_BYTES // per_column))
+    rows = min(m, max(1, TILE_BYTES // (per_column * cols)))
+    return rows, cols
+
+
+def loop_steps(m: int, n: int, k: int, group: int = GROUP,
+               promote_every: int | None = None) -> int:
+    """Iterations of the emulation's Python loop: tiles x (K intervals x groups in each)."""
+    rows, cols = tiles(m, n, group)
+    interval = k if promote_every is None else min(promote_every, k)
+    per_tile = -(-k // interval) * -(-interval // group)
+    return -(-m // rows) * -(-n // cols) * per_tile
+
+
+def check_size(m: int, n: int, k: int, group: int = GROUP,
+               promote_every: int | None = None) -> None:
+    """Refuse products the CPU emulation cannot finish in reasonable time or memory, with
+    the estimate and the limit, before any work."""
     if m * n > MAX_OUTPUTS:
         raise UsageError(f"M x N = {m * n:,} outputs is beyond the emulation's "
                          f"{MAX_OUTPUTS:,}")
     if m * n * k > MAX_WORK:
         raise UsageError(f"M x N x K = {m * n * k:,} is beyond the emulation's {MAX_WORK:,} "
                          "(about 30 s of work)")
+    memory = memory_needed(m, n, k)
+    if memory > MAX_MEMORY:
+        raise UsageError(f"M = {m:,}, N = {n:,}, K = {k:,} would need ~{memory / 2**30:.1f} "
+                         f"GiB (at most {MAX_MEMORY / 2**30:.0f} GiB: A and B hold "
+                         f"(M + N) x K = {(m + n) * k:,} values)")
+    steps = loop_steps(m, n, k, group, promote_every)
+    if steps > MAX_STEPS:
+        raise UsageError(f"M = {m:,}, N = {n:,}, K = {k:,} would take {steps:,} steps of "
+                         f"{group} products (at most {MAX_STEPS:,}, ~0.1 ms each)"
+                         + ("" if promote_every is None else
+                            f": promote less often than promote_every={promote_every}"))
 
 
 # -- quantization --------------------------------------------------------------------------
@@ -376,15 +428,17 @@ def format_step(acc: np.ndarray, products: np.ndarray, spec: FormatSpec,
 
 
 def _k_factor(a: Operand, b: Operand, kind: str, block: int | None, k0: int,
-              n: int) -> np.ndarray | np.float32:
+              n: int, c0: int = 0) -> np.ndarray | np.float32:
     """The float32 dequantization factor ``d_a * d_b`` of the K range starting at k0 (one
-    scale block), per output or for all."""
+    scale block), per output or for all; B's columns start at ``c0`` (a tile)."""
     if kind == "tensor":
         return np.float32(a.dequant[0, 0] * b.dequant[0, 0])
     if kind == "row":
         return (a.dequant[:, :1] * b.dequant[:1, :]).astype(np.float32)
     kb = k0 // block
-    db = np.repeat(b.dequant[kb:kb + 1, :], block, axis=1)[:, :n]
+    first, last = c0 // block, (c0 + n - 1) // block
+    db = np.repeat(b.dequant[kb:kb + 1, first:last + 1], block, axis=1)
+    db = db[:, c0 - first * block:c0 - first * block + n]
     return (a.dequant[:, kb:kb + 1] * db).astype(np.float32)
 
 
@@ -407,6 +461,28 @@ def emulate_gemm(a: Operand, b: Operand, kind: str, block: int | None, *,
                          f"{block}: a partial sum must stay within one block")
     out = np.zeros((m, n), dtype=np.float32)
     wide = a.codes.dtype == np.float64 or b.codes.dtype == np.float64
+    rows, cols = tiles(m, n, group, 8 if wide else 4)
+    for r0 in range(0, m, rows):  # every output depends on its row of A and column of B
+        ta = Operand(a.codes[r0:r0 + rows], a.dequant if kind == "tensor" else
+                     a.dequant[r0:r0 + rows], a.values[r0:r0 + rows])
+        for c0 in range(0, n, cols):
+            tb = Operand(b.codes[:, c0:c0 + cols], b.dequant if kind == "tensor" else
+                         b.dequant[:, c0:c0 + cols] if kind == "row" else b.dequant,
+                         b.values[:, c0:c0 + cols])
+            out[r0:r0 + rows, c0:c0 + cols] = _emulate_tile(
+                ta, tb, kind, block, c0, bits, accumulator, rounding, interval, group, wide)
+    return out
+
+
+def _emulate_tile(a: Operand, b: Operand, kind: str, block: int | None, c0: int,
+                  bits: int | None, accumulator: FormatSpec | None,
+                  rounding: AccumulationRounding, interval: int, group: int,
+                  wide: bool) -> np.ndarray:
+    """The outputs of one tile: A's rows and B's columns (from column ``c0`` of B, which
+    keeps its whole block scales), K in steps of ``group``, promoted every ``interval``."""
+    m, k = a.codes.shape
+    n = b.codes.shape[1]
+    out = np.zeros((m, n), dtype=np.float32)
     for start in range(0, k, interval):
         stop = min(start + interval, k)
         acc = np.zeros((m, n), dtype=np.float64)
@@ -421,7 +497,7 @@ def emulate_gemm(a: Operand, b: Operand, kind: str, block: int | None, *,
                 acc = aligned_step(acc, products, bits, rounding)
             else:
                 acc = format_step(acc, products, accumulator, rounding)
-        factor = _k_factor(a, b, kind, block, start, n)
+        factor = _k_factor(a, b, kind, block, start, n, c0)
         with np.errstate(over="ignore", invalid="ignore"):
             out = (out + acc.astype(np.float32) * factor).astype(np.float32)
     return out
@@ -469,13 +545,13 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
         for name, value in (("m", m), ("n", n), ("k", k)):
             if value < 1:
                 raise UsageError(f"{name}={value} must be at least 1")
-        check_size(m, n, k)
+        check_size(m, n, k, group, promote_every)
         a, b = random_operands(m, n, k, seed)
     else:
         a, b = operands
         m, k = a.shape
         n = b.shape[1]
-        check_size(m, n, k)
+        check_size(m, n, k, group, promote_every)
         seed = None
     if device == "cuda":  # before minutes of emulation: is there a GPU at all?
         from .dot_cuda import cuda_torch
