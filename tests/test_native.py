@@ -409,8 +409,9 @@ def test_quantize_gives_the_numpy_path_s_result_to_the_bit(monkeypatch, probe, n
 # NaN/inf data: their chunks; scales spanning the tensor (per-tensor, its percentile, and a
 # 128x128 tile over all 64 rows) are NaN, so every chunk.  Where a chunk keeps within range
 # (the ties' E4M3 rows under E5M2's scale, the subnormal and zero rows) ieee stays
-# compiled.
-NEVER_COMPILED = {"heavy": {8, 14, 15}, "ties": {14}, "subnormals": set(),
+# compiled.  (nvfp4 on the heavy data: every chunk declines, but the tensor's amax block,
+# measured again alone for the median outside it, keeps within range: compiled.)
+NEVER_COMPILED = {"heavy": {14, 15}, "ties": {14}, "subnormals": set(),
                   "nonfinite": {3, 5, 10, 14, 15}, "zero_blocks": set(), "all_zero": set(),
                   "negative_zero": set()}
 DECLINED = {"heavy": {8, 14, 15}, "subnormals": {8, 14, 15}, "nonfinite": set(range(19)),
