@@ -271,6 +271,20 @@ def test_long_exact_values_are_seventeen_significant_digits():
         "underflow to 0"
 
 
+def test_many_formats_of_a_long_expression_are_refused_at_once():
+    """140 formats x 255 steps: the table took 147 s; refused with the count (8 formats of
+    the longest expression pass)."""
+    formats = ",".join(f"e{e}m{m}" for e in range(2, 12) for m in range(0, 53, 4))
+    terms = ["0.1"] * 128
+    while len(terms) > 1:
+        terms = [f"({terms[i]}+{terms[i + 1]})" for i in range(0, len(terms), 2)]
+    start = time.perf_counter()
+    assert_usage_error(invoke("calc", terms[0], "--format", formats), "35,700 steps",
+                       "at most 4,000")
+    assert time.perf_counter() - start < 5
+    assert len(json_of("calc", "1 + 2^-9", "--format", formats)["results"]) == 140
+
+
 @pytest.mark.parametrize("width", [80, 120])
 def test_values_beyond_float64_are_shown_to_the_table_s_digits(width):
     out = succeeds("calc", "0.7^99999 * 3", "--format", "bf16",

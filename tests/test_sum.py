@@ -176,6 +176,10 @@ def check_orders(values, name, mode):
     assert Fraction(kahan.sum) == oracle_kahan(listed[:150], name, mode)
     blocked = sum_values(values, [name], "float32", "blocked:16", mode).accumulators[0]
     assert Fraction(blocked.sum) == oracle_blocked(listed, name, mode, 16)
+    assert "side by side" in blocked.method
+    long = sum_values(values, [name], "float32", "blocked:100", mode).accumulators[0]
+    assert "each in runs" in long.method  # 4 blocks of 100: each block's own running sum
+    assert Fraction(long.sum) == oracle_blocked(listed, name, mode, 100)
 
 
 # -- the adder: TwoSum pairs rounded once, scalar, numpy and in runs -----------------------

@@ -42,6 +42,9 @@ Number = Ratio | Fraction | float
 
 #: The formats of ``fmt calc`` with no --format: the article's BF16/FP16/FP32, and float64.
 DEFAULT_FORMATS = ("bfloat16", "float16", "float32", "float64")
+#: Steps traced in all formats together (formats x numbers and operations): the table of
+#: 4,000 rows takes seconds to lay out; 8 formats of the longest expression.
+MAX_ROWS = 4_000
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ class CalcResult:
 
 
 # -- evaluation ------------------------------------------------------------------------
+
+def _count(node: Node) -> int:
+    """Numbers and operations of the tree (a step each, at most)."""
+    return 1 + sum(_count(a) for a in node.args)
+
 
 def _float(q: Number) -> float:
     """The float64 nearest a number (inf beyond float64's range)."""
@@ -236,6 +244,11 @@ def calculate(expression: str, formats=DEFAULT_FORMATS,
     specs = [arithmetic_spec(f)[0] if isinstance(f, str) else f for f in formats]
     if not specs:
         raise UsageError("no formats given", "e.g. formats=['bf16', 'fp16', 'fp32']")
+    rows = len(specs) * _count(tree)
+    if rows > MAX_ROWS:
+        raise UsageError(f"{len(specs)} formats x {_count(tree)} numbers and operations = "
+                         f"{rows:,} steps to trace (at most {MAX_ROWS:,}): fewer formats or "
+                         "a shorter expression")
     check_cost(tree)
     tree = computed(tree)
     exact = exact_value(tree)

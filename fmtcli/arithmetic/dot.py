@@ -359,6 +359,7 @@ def quantize_operand(x: np.ndarray, spec: FormatSpec, rows: int, cols: int) -> O
     ``spec`` (float32 product, saturating nearest-even), with its dequantization scales;
     a wide format (``is_narrow`` false) is cast with scale 1."""
     x32 = np.asarray(x, dtype=np.float32)
+    rows, cols = min(rows, x.shape[0]), min(cols, x.shape[1])  # a tile beyond x: all of x
     amax = _tile_amax(x32, rows, cols)
     if is_narrow(spec):
         scale = amax_to_scale(amax, spec).astype(np.float32)
@@ -436,9 +437,7 @@ def _k_factor(a: Operand, b: Operand, kind: str, block: int | None, k0: int,
     if kind == "row":
         return (a.dequant[:, :1] * b.dequant[:1, :]).astype(np.float32)
     kb = k0 // block
-    first, last = c0 // block, (c0 + n - 1) // block
-    db = np.repeat(b.dequant[kb:kb + 1, first:last + 1], block, axis=1)
-    db = db[:, c0 - first * block:c0 - first * block + n]
+    db = b.dequant[kb:kb + 1, np.arange(c0, c0 + n) // block]  # each column's block
     return (a.dequant[:, kb:kb + 1] * db).astype(np.float32)
 
 

@@ -126,17 +126,18 @@ class _Runs:
 
 
 def running_sum(values: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
-                rng: np.random.Generator | None = None) -> tuple[float, int, int]:
+                rng: np.random.Generator | None = None,
+                uniforms: np.ndarray | None = None) -> tuple[float, int, int]:
     """(s, last, absorbed) of s = fl(s + x_i) from s = 0 over float64 ``values``: the
     final sum, the count of values after which it never changed (0: never changed), and
-    how many nonzero values changed nothing.  ``rng``: stochastic rounding's generator,
-    one uniform per step."""
+    how many nonzero values changed nothing.  Stochastic rounding: the i-th step uses
+    ``uniforms[i]``, or else the generator ``rng``'s next uniform."""
     rounding = RoundingMode(rounding)
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
-        return _running_sum(values, spec, rounding, rng)
+        return _running_sum(values, spec, rounding, rng, uniforms)
 
 
-def _running_sum(values, spec, rounding, rng):
+def _running_sum(values, spec, rounding, rng, uniforms):
     add = pair_adder(spec, rounding)
     runs = _Runs(spec, rounding) if _Runs.applies(spec) else None
     s = 0.0
@@ -144,7 +145,10 @@ def _running_sum(values, spec, rounding, rng):
     stretch = MIN_STRETCH
     for start in range(0, values.size, CHUNK):
         xs = values[start:start + CHUNK]
-        us = rng.random(xs.size) if rounding is RoundingMode.STOCHASTIC else None
+        us = None
+        if rounding is RoundingMode.STOCHASTIC:
+            us = rng.random(xs.size) if uniforms is None else \
+                np.ascontiguousarray(uniforms[start:start + CHUNK], dtype=np.float64)
         x_list = xs.tolist()
         u_list = us.tolist() if us is not None else [0.0] * xs.size
         i, block, n = 0, MIN_BLOCK, xs.size

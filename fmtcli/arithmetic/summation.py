@@ -295,15 +295,24 @@ def _blocked(values: np.ndarray, adder: _Adder, block: int
     grid = np.zeros(blocks * block)
     grid[:values.size] = values
     grid = grid.reshape(blocks, block)
-    partial = np.zeros(blocks)
-    for j in range(block):  # the blocks' sequential sums, all blocks at once
-        partial = adder.add_arrays(partial, grid[:, j])
     _check_loop(blocks, "the block sums of blocked")
+    if block <= blocks:  # the blocks' sequential sums side by side: their j-th additions
+        partial = np.zeros(blocks)
+        for j in range(block):
+            partial = adder.add_arrays(partial, grid[:, j])
+    else:  # a few long blocks: each one's running sum, with the uniforms of the same order
+        _check_loop(values.size, "blocked (a few long blocks)")
+        u = None if adder.rng is None else adder.rng.random(blocks * block).reshape(block,
+                                                                                    blocks)
+        partial = np.array([running_sum(grid[b], adder.spec, adder.rounding,
+                                        uniforms=None if u is None else u[:, b])[0]
+                            for b in range(blocks)])
     s, last, _ = running_sum(partial, adder.spec, adder.rounding, adder.rng)
     stalled = None
     if last < blocks and math.isfinite(s) and np.any(values[last * block:] != 0):
         stalled = last * block
-    return s, stalled, None, f"blocks of {block:,} vectorised, then their sums in order"
+    how = "side by side" if block <= blocks else "each in runs"
+    return s, stalled, None, f"blocks of {block:,} vectorised ({how}), then their sums in order"
 
 
 def _check_loop(n: int, what: str) -> None:
