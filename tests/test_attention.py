@@ -263,6 +263,101 @@ def test_the_io_model_refuses_sizes_beyond_its_limits_and_prints_the_largest():
     assert doc["io"]["standard_bytes"] == (4 * n * d + 4 * n * n) * pairs * 2
 
 
+def _files(tmp_path, q, k, v):
+    for name, x in zip("qkv", (q, k, v)):
+        np.save(tmp_path / f"{name}.npy", x)
+    return [tmp_path / f"{name}.npy" for name in "qkv"]
+
+
+def test_finite_inputs_never_give_nan_figures(tmp_path):
+    """Issue 22 item 11: float64 inputs of 1e300 gave RMSE "nan" (exit 0) with five numpy
+    RuntimeWarning notes.  What cannot be computed is refused in one DataError line naming
+    the input and what overflowed, before any work; nothing else reaches stderr."""
+    x = np.full((4, 8), 1e300)
+    result = assert_data_error(invoke("attention", *_files(tmp_path, x, x, x)),
+                               "q.npy) holds 1e+300 at [0, 0, 0, 0]", "float32's range")
+    assert "Warning" not in result and "Note" not in result
+    big = np.full((4, 8), 1e5)  # fine in float32, beyond float16's 65504 (cast, no scale)
+    assert_data_error(invoke("attention", *_files(tmp_path, big / 1e5, big / 1e5, big)),
+                      "v.npy) holds 100000", "beyond float16's range (max 65504)")
+    # inputs that float16 holds, scores Q K^T / sqrt(d) of 300 * 300 * 8 / sqrt(8) it does not
+    q = np.full((4, 8), 300.0)
+    assert_data_error(invoke("attention", *_files(tmp_path, q, q, q)),
+                      "the scores Q K^T / sqrt(d) reach 2.55e+05", "standard attention "
+                      "stores S")
+    # FP8 keeps its softmax in float16 for standard attention: the same limit
+    assert_data_error(invoke("attention", *_files(tmp_path, q, q, q), "--format", "e4m3fn"),
+                      "beyond float16's range")
+    # float32 inputs near its max: Q K^T overflows float32 itself
+    q = np.full((4, 8), 1e20)
+    assert_data_error(invoke("attention", *_files(tmp_path, q, q, q), "--format", "float32"),
+                      "beyond float32's range", "before the 1/sqrt(d)")
+    # the outliers of random inputs beyond a narrow custom format's max (e3m6: 15.9)
+    assert_data_error(invoke("attention", "--seq", "64", "--heads", "1", "--format", "e3m6",
+                             "--outliers", "0.05"), "(random)", "e3m6's range")
+
+
+def test_a_float32_accumulator_that_overflows_is_refused():
+    """The blockwise method's acc sums P~ V over the keys before dividing by l (<= N_k):
+    V near float32's max with equal scores overflows it; the library refuses, naming it."""
+    from fmtcli.errors import DataError
+
+    q = np.zeros((1, 1, 64, 8))
+    v = np.full((1, 1, 64, 8), 3e38)
+    with pytest.raises(DataError, match="blockwise attention's float32 accumulator"):
+        A.attention_accuracy(q, q, v, F32, block_q=8, block_k=64)
+
+
+def test_tiny_and_zero_inputs_give_finite_figures(tmp_path):
+    for x in (np.zeros((6, 8)), np.full((6, 8), 1e-300), np.full((6, 8), 1e-40)):
+        for fmt in ("float16", "e4m3fn", "float32"):
+            doc = json_of("attention", *_files(tmp_path, x, x, x), "--format", fmt)
+            for row in doc["accuracy"]:
+                assert all(isinstance(row[key], float) and math.isfinite(row[key])
+                           for key in ("rmse", "max_abs_error", "max_rel_error")), (fmt, row)
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["--seq", "4096", "--dim", "16384", "--heads", "1"],
+     ["would hold about 4.8 GiB", "limit of 3 GiB", "--io"]),
+    (["--seq", "2048", "--dim", "8192", "--heads", "2"],
+     ["would take about", "683 key blocks of 3", "limit of 60 s", "larger --block-k"]),
+    (["--seq", "8192", "--heads", "16", "--dim", "16"],
+     ["would take about", "1,073,741,824 scores", "limit of 60 s"]),
+    (["--batch", "64", "--heads", "16", "--seq", "1024"], ["GiB", "limit of 3 GiB"]),
+    (["--seq", "16384", "--heads", "1"], ["GiB"]),
+])
+def test_shapes_that_would_not_finish_are_refused_with_the_estimate(args, fragments):
+    """Issue 22 item 17: --seq 4096 --dim 16384 --heads 1 (2**26 elements of Q, within the
+    old limits) ran 142 s, then out of memory: Algorithm 1's B_c for d = 16384 is 2 keys,
+    2,048 passes over Q and O.  The time and memory are estimated first (attention.budget)
+    and a run beyond a minute on two cores or 3 GiB is refused, saying both."""
+    assert_usage_error(invoke("attention", *args), *fragments)
+    assert succeeds("attention", "--io", *args).stdout
+
+
+def test_the_estimate_is_near_what_a_run_takes():
+    """The estimate's memory against the peak of a real run in a fresh process (a 1x1x2048x64
+    float16 run: one head's 4M scores), within a factor of two either way."""
+    import os
+    import subprocess
+    import sys
+
+    from fmtcli.attention.budget import estimate
+
+    code = ("import re; from fmtcli.attention.report import analyse_attention;"
+            "from fmtcli.formats import get_format;"
+            "analyse_attention(get_format('float16'), batch=1, heads=1, seq=2048, dim=64);"
+            "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])")
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("the peak is read from /proc (Linux)")
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's across exec)
+    peak = 1024 * int(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                     text=True, check=True, timeout=300).stdout)
+    guess = estimate(1, 1, 2048, 2048, 64, get_format("float16"), 384).bytes
+    assert 0.5 < guess / peak < 2, (guess, peak)
+
+
 def test_inputs_from_files(tmp_path):
     q, k, v = small(b=1, h=2, n=24, d=8)
     for name, x in zip("qkv", (q, k, v)):

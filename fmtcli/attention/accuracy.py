@@ -43,10 +43,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..choices import Granularity, OverflowPolicy, RoundingMode
-from ..errors import UsageError
+from ..errors import DataError, UsageError
 from ..formats import FormatSpec, get_format
 from ..rounding import round_to_format
 from ..scaling import amax_to_scale
+from .ranges import (
+    check_float32_range,
+    check_scores,
+    first_flagged,
+    is_narrow,
+    overflowed,
+)
 
 #: Temporaries of one group of heads stay near this many elements (float32: 128 MiB).
 CHUNK_ELEMENTS = 1 << 25
@@ -82,11 +89,6 @@ def check_format(spec: FormatSpec) -> None:
     if not spec.signed or not spec.has_zero:
         raise UsageError(f"format={spec.name!r} is a scale format (no sign or no zero): "
                          "attention needs a signed element format")
-
-
-def is_narrow(spec: FormatSpec) -> bool:
-    """Whether ``spec`` is emulated as FP8 kernels use it (scaled), not cast directly."""
-    return spec.bits <= 8
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -183,17 +185,29 @@ def scaled_cast(x: np.ndarray, spec: FormatSpec, granularity: Granularity, rows:
 
 
 def quantize_inputs(q, k, v, spec: FormatSpec, granularity: Granularity, block_q: int,
-                    block_k: int, hadamard: bool = False, seed: int = 0):
+                    block_k: int, hadamard: bool = False, seed: int = 0,
+                    labels: tuple[str, str, str] = ("Q", "K", "V")):
     """Q, K, V (any leading shape, (..., seq, dim)) as the kernel sees them, float32: cast
     to a wide ``spec``, or scaled into a narrow one (module docstring); ``hadamard``
-    transforms Q and K first."""
+    transforms Q and K first.  A value that float32 cannot hold, or (wide ``spec``, cast
+    without a scale) that ``spec`` cannot, is a DataError naming the input (``labels``)."""
     if hadamard:
         q, k = random_orthogonal_hadamard(q, k, seed)
+        labels = (f"{labels[0]} after the Hadamard transform",
+                  f"{labels[1]} after the Hadamard transform", labels[2])
     out = []
-    for x, rows in ((q, block_q), (k, block_k), (v, block_k)):
+    for x, rows, label in ((q, block_q, labels[0]), (k, block_k, labels[1]),
+                           (v, block_k, labels[2])):
+        check_float32_range(np.asarray(x), label)
         x32 = np.asarray(x, dtype=np.float32)
         if not is_narrow(spec):
-            out.append(cast(x32, spec))
+            x_q = cast(x32, spec)
+            bad = ~np.isfinite(x_q)
+            if bad.any():
+                raise DataError(f"{label} holds {first_flagged(bad, x32)}, beyond {spec.name}'s "
+                                f"range (max {spec.max:g}): attention in {spec.name} casts "
+                                "it without a scale; give smaller inputs or a wider format")
+            out.append(x_q)
             continue
         lead = x32.shape[:-2]
         flat = x32.reshape(-1, *x32.shape[-2:])
@@ -214,23 +228,28 @@ def _causal_mask(q0: int, q1: int, k0: int, k1: int) -> np.ndarray:
     return np.arange(k0, k1)[None, :] > np.arange(q0, q1)[:, None]
 
 
-def reference_attention(q, k, v, causal: bool = False) -> np.ndarray:
+def reference_attention(q, k, v, causal: bool = False, largest_score: bool = False):
     """Exact attention in float64, ``softmax(Q K^T / sqrt(d)) V`` (max-subtracted softmax),
-    for arrays (..., seq, dim); the yardstick of every method here."""
+    for arrays (..., seq, dim); the yardstick of every method here.  ``largest_score``:
+    also the largest |row max| of the scores (what ``check_scores`` takes)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     lead = q.shape[:-2]
     qf, kf, vf = (a.reshape(-1, *a.shape[-2:]) for a in (q, k, v))
     g, n_q, d = qf.shape
     out = np.empty((g, n_q, vf.shape[-1]))
+    largest = 0.0
     for part in _groups(g, n_q, kf.shape[1]):
         s = qf[part] @ kf[part].transpose(0, 2, 1) / math.sqrt(d)
         if causal:
             s[:, _causal_mask(0, n_q, 0, kf.shape[1])] = -np.inf
-        s -= s.max(axis=-1, keepdims=True)
+        top = s.max(axis=-1, keepdims=True)
+        largest = max(largest, float(np.max(np.abs(top))))
+        s -= top
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
         out[part] = s @ vf[part]
-    return out.reshape(*lead, n_q, -1)
+    out = out.reshape(*lead, n_q, -1)
+    return (out, largest) if largest_score else out
 
 
 def _store(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
@@ -257,7 +276,11 @@ def standard_attention(qq, kq, vq, spec: FormatSpec, granularity: Granularity, b
         s = _store(s, spec)
         if mask is not None:
             s[:, mask] = -np.inf
-        s -= s.max(axis=-1, keepdims=True)
+        top = s.max(axis=-1, keepdims=True)
+        if not np.isfinite(top).all():  # check_scores foresees this but at its edge
+            raise overflowed(f"standard attention's S in "
+                              f"{(spec if not is_narrow(spec) else FLOAT16).name}")
+        s -= top
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
         return _store(s, spec)
@@ -314,6 +337,8 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
                 s[:, _causal_mask(rows.start, n_q, start, stop)] = -np.inf
             m_old = m[:, rows]
             m_new = np.maximum(m_old, s.max(axis=-1, keepdims=True))
+            if np.isposinf(m_new).any():  # check_scores foresees this but at its edge
+                raise overflowed("blockwise attention's float32 S")
             s -= m_new
             np.exp(s, out=s)
             with np.errstate(invalid="ignore"):  # -inf - -inf: rows with no key yet
@@ -324,9 +349,15 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
                 p = cast(s * p_scale, spec, saturate=True) / p_scale
             else:
                 p = cast(s, spec)
-            acc[:, rows] = acc[:, rows] * alpha + np.matmul(p, vf[part, start:stop])
+            with np.errstate(over="ignore", invalid="ignore"):  # checked after the loop
+                acc[:, rows] = acc[:, rows] * alpha + np.matmul(p, vf[part, start:stop])
             m[:, rows] = m_new
-        out[part] = acc / total
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            out[part] = acc / total
+        if not np.isfinite(out[part]).all():  # l ~ N_k at most: acc passed float32's max
+            raise overflowed(f"blockwise attention's float32 accumulator (acc = sum of "
+                              f"P~ V over up to {n_k:,} keys, V up to "
+                              f"{float(np.max(np.abs(vf[part]))):.3g})")
     if not is_narrow(spec):
         out = cast(out, spec)
     return out.reshape(*lead, n_q, -1)
@@ -335,7 +366,10 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
 # -- the errors --------------------------------------------------------------------------
 
 def error_row(method: str, spec: FormatSpec, out: np.ndarray, ref: np.ndarray) -> AccuracyRow:
-    """The three figures of ``out`` against ``ref`` (module AccuracyRow)."""
+    """The three figures of ``out`` against ``ref`` (module AccuracyRow); an output that is
+    not finite (an overflow no check above foresaw) is refused, never reported as NaN."""
+    if not np.isfinite(out).all():
+        raise overflowed(f"{method} attention in {spec.name}")
     err = np.asarray(out, dtype=np.float64) - ref
     rmse = float(np.sqrt(np.mean(err * err)))
     max_abs = float(np.max(np.abs(err)))
@@ -349,16 +383,27 @@ def error_row(method: str, spec: FormatSpec, out: np.ndarray, ref: np.ndarray) -
 def attention_accuracy(q, k, v, spec: FormatSpec, granularity: Granularity = Granularity.BLOCK,
                        block_q: int = 64, block_k: int = 64, causal: bool = False,
                        hadamard: bool = False, seed: int = 0,
-                       reference: np.ndarray | None = None) -> list[AccuracyRow]:
+                       reference: np.ndarray | None = None,
+                       labels: tuple[str, str, str] = ("Q", "K", "V")) -> list[AccuracyRow]:
     """Standard and blockwise attention of (..., seq, dim) arrays in ``spec`` against the
-    float64 reference (computed here unless given): one ``AccuracyRow`` per method."""
+    float64 reference: one ``AccuracyRow`` per method.  Without ``reference`` it is computed
+    here, after the checks that keep every figure finite (``ranges``: inputs within
+    float32's range, scores within the range they are held in; a DataError naming the
+    input, ``labels``, otherwise); a caller that gives ``reference`` has made them."""
     check_format(spec)
     if granularity not in (Granularity.TENSOR, Granularity.BLOCK):
         raise UsageError(f"scale granularity {granularity.value!r}: tensor or block")
     if block_q < 1 or block_k < 1:
         raise UsageError("block sizes must be positive (block_q, block_k)")
-    ref = reference_attention(q, k, v, causal) if reference is None else reference
-    qq, kq, vq = quantize_inputs(q, k, v, spec, granularity, block_q, block_k, hadamard, seed)
+    if reference is None:
+        for x, label in zip((q, k, v), labels):
+            check_float32_range(np.asarray(x), label)
+        ref, largest = reference_attention(q, k, v, causal, largest_score=True)
+        check_scores(largest, spec, np.shape(q)[-1], labels)
+    else:
+        ref = reference
+    qq, kq, vq = quantize_inputs(q, k, v, spec, granularity, block_q, block_k, hadamard, seed,
+                                 labels)
     std = standard_attention(qq, kq, vq, spec, granularity, block_q, block_k, causal)
     rows = [error_row("standard", spec, std, ref)]
     del std

@@ -21,17 +21,11 @@ from .accuracy import (
     random_qkv,
     reference_attention,
 )
+from .budget import check_budget
 from .io_model import IoModel, io_model
+from .ranges import check_float32_range, check_scores
 from .timing import TimingRow
 
-#: The largest Q (batch x heads x seq x dim elements) the CPU emulation takes: its N x N
-#: temporaries are made a group of heads at a time, but Q, K, V, O and the reference are
-#: whole (a few GB at this size).
-MAX_ELEMENTS = 1 << 26
-#: One head's scores held at once (float64 for the reference: 2 GiB), and all scores of a
-#: run (the GPT-2-medium shape of the paper's Fig. 2 has 2**30: about a minute on 16 cores).
-MAX_HEAD_SCORES = 1 << 28
-MAX_SCORES = 1 << 31
 QKV_NAMES = ({"q", "query"}, {"k", "key"}, {"v", "value"})
 
 
@@ -131,24 +125,6 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, tupl
     return q, k, v, tuple(s.name for s in sources)
 
 
-def check_size(batch: int, heads: int, seq: int, dim: int, seq_k: int | None = None) -> None:
-    """Refuse shapes the CPU emulation cannot hold or finish: Q beyond MAX_ELEMENTS, one
-    head's N x N_k scores beyond MAX_HEAD_SCORES (held at once, float64 for the reference),
-    all scores beyond MAX_SCORES (minutes of work)."""
-    seq_k = seq if seq_k is None else seq_k
-    tail = "; the IO model alone has no limit (pass io=True)"
-    if batch * heads * seq * dim > MAX_ELEMENTS:
-        raise UsageError(f"batch x heads x seq x dim = {batch * heads * seq * dim:,} is more "
-                         f"than the CPU emulation takes ({MAX_ELEMENTS:,}){tail}")
-    if seq * seq_k > MAX_HEAD_SCORES:
-        raise UsageError(f"one head's {seq:,} x {seq_k:,} scores are more than the CPU "
-                         f"emulation holds at once ({MAX_HEAD_SCORES:,}: seq 16384){tail}")
-    if batch * heads * seq * seq_k > MAX_SCORES:
-        raise UsageError(f"batch x heads x seq x seq = {batch * heads * seq * seq_k:,} "
-                         f"scores are more than the CPU emulation computes ({MAX_SCORES:,})"
-                         f"{tail}")
-
-
 def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: int = 1024,
                       dim: int = 64, qkv: tuple | None = None, inputs: tuple[str, ...] = (),
                       causal: bool = False, block_q: int | None = None,
@@ -180,7 +156,8 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
                     outliers=outliers, seed=seed, inputs=tuple(inputs))
     if io:
         return AttentionResult(AttentionSettings(**settings), model, io_only=True)
-    check_size(batch, heads, seq, dim, seq_k)
+    check_budget(batch, heads, seq, seq_k, dim, spec, block_k,
+                 tensor_scales=granularity is Granularity.TENSOR)
     if time:  # fail before the CPU work when there is no GPU to time on
         from .timing import TORCH_DTYPES, cuda_torch
 
@@ -193,10 +170,15 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
     report(0, steps)
     if qkv is None:
         q, k, v = random_qkv(batch, heads, seq, dim, seed, outliers)
-    ref = reference_attention(q, k, v, causal)
+    labels = tuple(f"{name} ({source})" for name, source in
+                   zip("QKV", inputs if len(inputs) == 3 else ("random",) * 3))
+    for x, label in zip((q, k, v), labels):  # before the reference: it must stay finite
+        check_float32_range(x, label)
+    ref, largest = reference_attention(q, k, v, causal, largest_score=True)
+    check_scores(largest, spec, dim, labels)
     report(1, steps)
     rows = attention_accuracy(q, k, v, spec, granularity, block_q, block_k, causal, hadamard,
-                              seed, reference=ref)
+                              seed, reference=ref, labels=labels)
     report(3, steps)
     timing = None
     gpu = None
