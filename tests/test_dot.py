@@ -197,6 +197,17 @@ def test_memory_and_loop_limits_are_checked_before_any_work(args, fragment):
     assert time.perf_counter() - start < 5
 
 
+def test_a_block_larger_than_the_matrix_is_the_whole_matrix():
+    """block:1048576 padded B to 2^20 x 2^20 values (out of memory); a tile beyond the
+    matrix is all of it, so it equals block:64 on these 8 x 64 and 64 x 8 operands."""
+    huge = json_of("dot", "--m", "8", "--n", "8", "--k", "64", "--scale-granularity",
+                   "block:1048576")
+    small = json_of("dot", "--m", "8", "--n", "8", "--k", "64", "--scale-granularity",
+                    "block:64")
+    assert huge["emulated"] == small["emulated"] and huge["quantization"] == \
+        small["quantization"]
+
+
 def test_files_too_large_for_memory_are_refused_by_their_shapes(tmp_path):
     """A and B of 1 x 50,000,000 and 50,000,000 x 1 (sparse files): refused from the
     headers, before reading 400 MB."""
