@@ -428,7 +428,8 @@ USAGE = [(["--random", "5", "--constant", "1"], "one input"),
          (["--weight", "2"], "--weight goes with --update"),
          (["--random", "600000", "--order", "kahan"], "kahan"),
          (["--random", "3000000", "-a", "e5m2"], "Python loop"),
-         (["--random", "5", "-a", "e8m0"], "no negative"), (["--count", "0"], "--count")]
+         (["--random", "5", "-a", "e8m0"], "no negative"), (["--count", "0"], "--count"),
+         (["--update", "1e-3", "--count", "10000000"], "--count 10,000,000 updates")]
 
 
 @pytest.mark.parametrize(("args", "fragment"), USAGE, ids=[" ".join(a) for a, _ in USAGE])

@@ -410,6 +410,8 @@ def weight_update(update: float, steps: int = DEFAULT_COUNT, weight: float = 1.0
     Each accumulator's ``absorbed`` is the updates lost (w - update rounded back to w) and
     ``stalled_at`` the updates applied before the weight stopped moving."""
     check_count(steps, "steps")
+    if steps >= MAX_VALUES:  # the weight and the updates are the sum's values
+        raise UsageError(f"count={steps:,} updates: at most {MAX_VALUES - 1:,}")
     if not (math.isfinite(update) and math.isfinite(weight)):
         raise UsageError("the update and the weight must be finite")
     store = arithmetic_spec(format)[0] if isinstance(format, str) else format
