@@ -336,6 +336,15 @@ def test_shapes_that_would_not_finish_are_refused_with_the_estimate(args, fragme
     assert succeeds("attention", "--io", *args).stdout
 
 
+def test_files_too_large_to_hold_are_refused_before_they_are_read(tmp_path):
+    """Q, K, V files are read as float64: files of 3 x 2**26 elements (float16 on disk,
+    sparse) would hold 4.5 GiB before the shape's estimate; refused from their headers."""
+    path = tmp_path / "x.npy"
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(16, 4096, 1024))
+    assert_usage_error(invoke("attention", path, path, path), "201,326,592 elements",
+                       "limit of 3 GiB")
+
+
 def test_the_estimate_is_near_what_a_run_takes():
     """The estimate's memory against the peak of a real run in a fresh process (a 1x1x2048x64
     float16 run: one head's 4M scores), within a factor of two either way."""

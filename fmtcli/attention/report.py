@@ -21,7 +21,7 @@ from .accuracy import (
     random_qkv,
     reference_attention,
 )
-from .budget import check_budget
+from .budget import BASE_BYTES, BYTES, ELEMENT_BYTES, check_budget
 from .io_model import IoModel, io_model
 from .ranges import check_float32_range, check_scores
 from .timing import TimingRow
@@ -109,6 +109,11 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, tupl
             named.append(hits[0] if len(hits) == 1 else None)
         if all(named) and len({id(s) for s in named}) == 3:
             sources = named
+    elements = sum(s.size for s in sources)
+    if BASE_BYTES + elements * ELEMENT_BYTES > BYTES:  # before reading them as float64
+        raise UsageError(f"Q, K, V hold {elements:,} elements: the CPU emulation would hold "
+                         f"about {(BASE_BYTES + elements * ELEMENT_BYTES) / 2**30:.1f} GiB "
+                         f"for them alone, more than its limit of {BYTES / 2**30:.0f} GiB")
     arrays = []
     for label, source in zip("QKV", sources):
         x = np.asarray(source.array(), dtype=np.float64)
