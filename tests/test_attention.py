@@ -398,6 +398,7 @@ def test_inputs_from_files(tmp_path):
     (["--format", "e8m0"], "--format float8_e8m0fnu is a scale format"),
     (["--seq", "0"], "--seq"),
     (["--outliers", "2"], "--outliers"),
+    (["--outliers", "nan", "--io"], "--outliers nan is a fraction"),
     (["--scale-granularity", "row"], "--scale-granularity"),
     (["--sram", "100"], "--sram 100"),
     (["--device", "cpu", "--time"], "--time"),

@@ -237,6 +237,10 @@ def test_sums_past_float64s_range_are_computed_not_a_crash():
                                            rel=1e-15)
     result = online_softmax(scores, values, 2, "float64")
     assert result.rel_error == math.inf and math.isfinite(result.sum_reference)
+    # scores 2e308 apart: s - m is -inf, a weight of 0, as exactly; no numpy warning
+    quiet = succeeds("softmax", "--scores", "-1e308,1e308", "--values", "1,2", "--format",
+                     "float64", "--json")
+    assert strict_loads(quiet.stdout)["reference"] == 2.0 and quiet.stderr == ""
 
 
 def test_the_reference_is_exact_to_longdouble_on_a_million_keys():

@@ -79,7 +79,8 @@ def weighted_averages(scores: np.ndarray, columns: np.ndarray
     in longdouble, each sum to longdouble precision (``_column_sums``), one division, the
     power-of-two scale put back after it (an average never passes its largest value)."""
     s = scores.astype(np.longdouble)
-    e = np.exp(s - s.max())
+    with np.errstate(over="ignore"):  # -1e308 - 1e308 where longdouble is float64: -inf
+        e = np.exp(s - s.max())  # and a weight of 0, as exactly
     denominator = _column_sums(e, np.ones((e.size, 1)))[0][0]  # <= 2**20 terms <= 1
     sums, exponents = _column_sums(e, columns)
     return np.ldexp(sums / denominator, exponents), denominator
@@ -92,5 +93,6 @@ def magnitude(scores: np.ndarray, matrix: np.ndarray) -> float:
     top = float(np.max(np.abs(matrix)))
     if top == 0:
         return 0.0
-    e = np.exp(scores - scores.max())
+    with np.errstate(over="ignore"):  # -1e308 - 1e308 is -inf: a weight of 0, as exactly
+        e = np.exp(scores - scores.max())
     return float(np.max(e @ (np.abs(matrix) / top))) / float(np.sum(e)) * top

@@ -150,6 +150,8 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
     else:
         seq_k = seq
     check_format(spec)
+    if not 0.0 <= outliers <= 1.0:  # NaN too
+        raise UsageError(f"outliers={outliers!r} is a fraction of the entries: 0 <= p <= 1")
     if causal and seq_k != seq:
         raise UsageError(f"causal attention needs as many keys as queries ({seq_k} vs {seq})")
     model = io_model(batch, heads, seq, dim, spec.bits, sram_bytes, seq_k, block_q, block_k)
