@@ -37,7 +37,7 @@ import re
 import warnings
 
 from . import tensors, textparse
-from .errors import DataError, shown
+from .errors import DataError, Note, shown
 
 TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
 TEXT_SUFFIXES = (".txt", ".csv", ".json")
@@ -49,7 +49,7 @@ _HF_WEIGHTS = re.compile(
     r"(?:(?:diffusion_)?pytorch_|adapter_)?model(?:-\d+-of-\d+)?\.(?:safetensors|bin)")
 
 
-class CheckpointNote(UserWarning):
+class CheckpointNote(Note):
     """Files of a model folder that were not read (a ``.bin`` twin of the safetensors,
     optimizer state...): a note for the user, not an error."""
 

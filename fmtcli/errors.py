@@ -9,6 +9,12 @@ tensor).
 from __future__ import annotations
 
 
+class Note(UserWarning):
+    """A note of fmtcli's own for the user (a folder's files not read, blocks shorter than
+    asked, the kernel absent): the command line prints it on stderr as ``Note: ...``; it is
+    not an error.  Tests that turn warnings into errors leave these alone."""
+
+
 class FmtError(Exception):
     """Base class of every error fmtcli raises on purpose."""
 

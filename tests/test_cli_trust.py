@@ -119,7 +119,7 @@ def test_a_warning_becomes_one_note_line(monkeypatch):
 @pytest.mark.parametrize("extra", [[], ["--recipe", "mxfp8"]])
 def test_a_real_looking_checkpoint_renders_at_any_width(tmp_path, columns, extra):
     keys = checkpoint_like_a_real_one(tmp_path / "model.safetensors")
-    result = invoke("quantize", tmp_path / "model.safetensors", *extra,
+    result = invoke("quantize", tmp_path / "model.safetensors", *extra, "--top", "20",
                     env={"COLUMNS": str(columns)})
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()

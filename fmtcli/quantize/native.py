@@ -25,6 +25,8 @@ from types import ModuleType
 
 import numpy as np
 
+from ..errors import Note
+
 try:
     from . import _native as _compiled
 except ImportError:  # not built: no compiler at install time, or a source checkout
@@ -122,7 +124,7 @@ def status() -> KernelStatus:
     return KernelStatus(built(), os.environ.get(ENV), module() is not None)
 
 
-class KernelNote(UserWarning):
+class KernelNote(Note):
     """fmtcli's own note that the compiled kernel is absent (said as it is, once)."""
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..choices import CHUNK_ELEMENTS as CHUNK_ELEMENTS  # re-exported
-from ..errors import DataError, shown
+from ..errors import DataError, Note, shown
 from ..tensors import TensorSource
 from . import native
 
@@ -84,7 +84,7 @@ def short_rows(scheme, shape: tuple[int, ...]) -> tuple[int, int] | None:
     return None
 
 
-class BlockNote(UserWarning):
+class BlockNote(Note):
     """fmtcli's note that blocks hold fewer values than asked (said as it is, once a run)."""
 
 
