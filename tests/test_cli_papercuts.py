@@ -255,3 +255,11 @@ def test_completion_offers_commands_options_and_choices():
     assert "--format" in complete("fmt quantize --fo")
     assert complete("fmt quantize -r ") == ["nearest-even", "nearest-away", "toward-zero",
                                             "up", "down", "stochastic"]
+
+
+def test_a_huge_value_echoed_by_the_parser_is_cut_to_its_head_and_tail():
+    """``--seq`` followed by 400 zeros: one usage line naming the range, not the 401 digits."""
+    huge = "1" + "0" * 400
+    result = invoke("attention", "--io", "--seq", huge)
+    line = assert_usage_error(result, "--seq", "1<=x<=16777216", "characters]")
+    assert huge not in line and len(line) < 240, line

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shlex
 import sys
 import warnings
@@ -117,8 +118,18 @@ def usage_message(error, ctx) -> str:
     error is an unknown option."""
     option = getattr(error, "option_name", None)
     if not hasattr(error, "possibilities") or option is None or ctx is None:
-        return error.format_message()  # not an unknown option
+        # not an unknown option; a huge value echoed back (--seq 1000...0) is cut to its
+        # head and tail, as errors.shown cuts user text
+        return _LONG_WORD.sub(_cut_word, error.format_message())
     return unknown_option(option, error.message, ctx)
+
+
+_LONG_WORD = re.compile(r"\S{81,}")
+
+
+def _cut_word(match) -> str:
+    word = match[0]
+    return f"{word[:40]}...[{len(word) - 60:,} characters]...{word[-20:]}"
 
 
 def unknown_option(option: str, message: str, ctx) -> str:
