@@ -342,7 +342,8 @@ def round_to_format(x, spec: FormatSpec, rounding: RoundingMode | str = Rounding
         raise UsageError(str(error)) from None
     x = working_array(x)
     if x.dtype == np.float32 and not fits_float32(spec):
-        x = x.astype(np.float64)  # the format's top values are no float32 (e8m3fn: 2**128)
+        with np.errstate(invalid="ignore"):  # a signalling NaN widened raises 'invalid'
+            x = x.astype(np.float64)  # the format's top values are no float32 (e8m3fn: 2**128)
     shape = x.shape
     x = x.reshape(-1)
     if rounding is RoundingMode.STOCHASTIC and rng is None:

@@ -968,3 +968,19 @@ def test_property_stochastic_neighbours_reproducible_unbiased(name, data, seed):
         p = (Fraction(x0) - Fraction(lo)) / (Fraction(hi) - Fraction(lo))  # exact
         se = (hi - lo) * math.sqrt(float(p * (1 - p)) / n)
         assert abs(draws.mean() - x0) <= 6 * se + 1e-12 * max(abs(lo), abs(hi))
+
+
+def test_a_signalling_nan_widened_for_a_wide_format_warns_nothing():
+    """float32 input to a format whose max is beyond float32 (e9m9) is widened to float64;
+    a signalling NaN among it raised numpy's 'invalid value encountered in cast'."""
+    import warnings
+
+    from fmtcli.formats import get_format
+
+    x = np.array([1.0, 0.0, 0.0], np.float32)
+    x.view(np.uint32)[1] = 0x7F800001  # a signalling NaN
+    x.view(np.uint32)[2] = 0xFF800123
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = round_to_format(x, get_format("e9m9"))
+    assert out[0] == 1.0 and np.isnan(out[1:]).all()
