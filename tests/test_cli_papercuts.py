@@ -263,3 +263,23 @@ def test_a_huge_value_echoed_by_the_parser_is_cut_to_its_head_and_tail():
     result = invoke("attention", "--io", "--seq", huge)
     line = assert_usage_error(result, "--seq", "1<=x<=16777216", "characters]")
     assert huge not in line and len(line) < 240, line
+
+
+def test_tensors_skipped_for_one_reason_are_one_note(tmp_path):
+    """A CNN's six int64 num_batches_tracked: one note naming three of them and the count,
+    not six lines; a tensor skipped for a reason of its own keeps its own note."""
+    import numpy as np
+    from oracle import write_safetensors
+
+    tensors = {f"bn{i}.num_batches_tracked": np.array([7], np.int64) for i in range(6)}
+    tensors["mask"] = np.zeros(4, np.uint8)
+    tensors["w"] = np.linspace(-1, 1, 256, dtype=np.float32)
+    path = write_safetensors(tmp_path / "cnn.safetensors", tensors)
+    result = invoke("quantize", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("Note: skipped")]
+    assert len(notes) == 2, notes
+    grouped = next(line for line in notes if "6 tensors" in line)
+    assert "(int64)" in grouped and "bn0.num_batches_tracked" in grouped
+    assert "bn3." not in grouped and "and 3 more (--json lists them)" in grouped
+    assert any("mask" in line and "uint8" in line for line in notes)

@@ -142,16 +142,30 @@ def check_not_empty(**options: str | list[str] | None) -> None:
 
 
 def note_skipped(sources) -> None:
-    """One stderr note per tensor that is left out (an int64 position_ids, an empty tensor);
-    the results list them under ``skipped`` in JSON."""
-    skipped = [s for s in sources if s.skipped is not None]
-    for s in skipped[:MAX_SKIP_NOTES]:
-        note(f"skipped {shown(s.name)} ({s.dtype}, shape "
-             f"{'x'.join(map(str, s.shape)) or 'scalar'}): {s.skipped}")
-    if len(skipped) > MAX_SKIP_NOTES:
-        note(f"skipped {len(skipped) - MAX_SKIP_NOTES:,} more tensors (--json lists them)")
+    """Notes on stderr of the tensors left out (an int64 position_ids, an empty tensor): one
+    per tensor, or one per reason where several share it (a CNN's six int64
+    ``num_batches_tracked``), naming at most ``MAX_SKIP_NAMES`` of them; the results list
+    every one under ``skipped`` in JSON."""
+    by_reason: dict[tuple[str, str], list] = {}
+    for s in sources:
+        if s.skipped is not None:
+            by_reason.setdefault((str(s.dtype), s.skipped), []).append(s)
+    for (dtype, reason), group in list(by_reason.items())[:MAX_SKIP_NOTES]:
+        if len(group) == 1:
+            s = group[0]
+            note(f"skipped {shown(s.name)} ({dtype}, shape "
+                 f"{'x'.join(map(str, s.shape)) or 'scalar'}): {reason}")
+            continue
+        names = ", ".join(shown(s.name) for s in group[:MAX_SKIP_NAMES])
+        more = len(group) - MAX_SKIP_NAMES
+        note(f"skipped {len(group):,} tensors ({dtype}): {reason}: {names}"
+             + (f" and {more:,} more (--json lists them)" if more > 0 else ""))
+    if len(by_reason) > MAX_SKIP_NOTES:
+        rest = sum(len(g) for g in list(by_reason.values())[MAX_SKIP_NOTES:])
+        note(f"skipped {rest:,} more tensors (--json lists them)")
 
 
+MAX_SKIP_NAMES = 3
 MAX_SKIP_NOTES = 20
 
 
