@@ -28,7 +28,8 @@ STAT_FIELDS = ("count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flus
                "saturated", "saturated_fraction", "overflowed", "overflowed_fraction",
                "nan_produced", "median_rel_error", "p99_rel_error", "max_abs_error", "rmse",
                "mse", "sqnr_db", "bias", "scale_min", "scale_max", "scales", "blocks",
-               "flushing_blocks", "saturating_blocks")
+               "flushing_blocks", "saturating_blocks", "above_max", "above_max_fraction",
+               "median_rel_error_outside_amax_block")
 FIELDS = TENSOR_FIELDS + SCHEME_FIELDS + STAT_FIELDS
 
 

@@ -130,8 +130,11 @@ def test_csv_is_one_row_per_tensor_and_scheme(bert):
     for row, (t, s) in zip(rows, pairs):
         assert row["tensor"] == t["key"] and row["scheme"] == s["label"]
         assert row["shape"] == "x".join(map(str, t["shape"]))
-        for name in ("count", "flushed", "saturated", "nonzero"):
+        for name in ("count", "flushed", "saturated", "above_max", "nonzero"):
             assert int(row[name]) == s[name]
+        outside = s["median_rel_error_outside_amax_block"]  # null under per-tensor scaling
+        assert row["median_rel_error_outside_amax_block"] == (
+            "" if outside is None else repr(float(outside)))
         for name in ("sqnr_db", "median_rel_error", "p99_rel_error", "max_abs_error", "rmse",
                      "bias", "flushed_fraction"):
             assert float(row[name]) == s[name]  # every digit
