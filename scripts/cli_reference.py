@@ -12,6 +12,7 @@ fixed width of ``WIDTH`` columns, so the page is the same on every machine and t
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -27,6 +28,20 @@ Generated from `--help` at {WIDTH} columns by `{COMMAND}`; do not edit by hand
 (`tests/test_docs.py` fails when this page is stale). The manual explains each command,
 with examples: see [index.md](index.md).
 """
+
+
+def renderers() -> str:
+    """The versions of the two libraries that lay out ``--help`` (typer and rich): another
+    release draws the same help in other words and boxes, so the page says which it shows."""
+    from importlib.metadata import version
+
+    return f"typer {version('typer')}, rich {version('rich')}"
+
+
+def generated_with(text: str) -> str | None:
+    """The ``renderers()`` a page says it was generated with, or None."""
+    match = re.search(r"^Help as typer and rich lay it out: (.+)\.$", text, re.M)
+    return match[1] if match else None
 
 
 def commands() -> list[str]:
@@ -50,7 +65,7 @@ def help_text(args: list[str]) -> str:
 
 def render() -> str:
     """The whole page."""
-    sections = [HEADER]
+    sections = [HEADER + f"\nHelp as typer and rich lay it out: {renderers()}.\n"]
     sections.append("## `fmt`\n\n```text\n" + help_text([]) + "\n```\n")
     for name in commands():
         sections.append(f"## `fmt {name}`\n\n```text\n" + help_text([name]) + "\n```\n")

@@ -147,6 +147,10 @@ def cli_reference():
 
 def test_the_cli_reference_is_current():
     reference = cli_reference()
+    shown = reference.generated_with(reference.PAGE.read_text())
+    if shown != reference.renderers():  # typer's and rich's layout, not fmt's text
+        pytest.skip(f"the page shows the help as {shown} lay it out; here: "
+                    f"{reference.renderers()}")
     assert reference.PAGE.read_text() == reference.render(), (
         f"docs/cli-reference.md is stale: run `{reference.COMMAND}` and commit it")
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from cli_helpers import invoke, json_of, run_fmt, strict_loads
 from oracle import assert_matches_reference, ref_quantize
+from peer_behaviour import sum_order
 
 from fmtcli.quantize import quantize
 from fmtcli.quantize.stream import KERNEL_AXIS, matrix_shape, short_rows_text
@@ -229,7 +230,13 @@ def test_the_engine_paths_agree_on_a_conv_weight(tmp_path):
     args = ("quantize", path, "--per", "tensor", "--recipe", "mxfp8", "--json")
     base = json_of(*args)
     assert base["tensors"][0]["matrix"] == [128, 2048]
-    assert json_of(*args, env={"FMTCLI_KERNEL": "numpy"}) == base
+    numpy_path = json_of(*args, env={"FMTCLI_KERNEL": "numpy"})
+    if sum_order() is None:  # numpy >= 2.3 sums by one pairwise tree, as the kernel does
+        assert numpy_path == base
+    else:  # numpy 1.26-2.2 sums in blocks of 8192 (peer_behaviour): sums' last digits differ
+        for a, b in zip(numpy_path["tensors"][0]["schemes"], base["tensors"][0]["schemes"]):
+            assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS}
+            assert a["sqnr_db"] == pytest.approx(b["sqnr_db"], rel=1e-6)
     chunked = json_of(*args, "--chunk", "4096", "--workers", "2")
     for a, b in zip(chunked["tensors"][0]["schemes"], base["tensors"][0]["schemes"]):
         assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS}

@@ -163,7 +163,9 @@ class UsageWithEllipsis(TyperCommand):
     - extra arguments say what the command takes (``fmt calc 1 + 2``: quote the
       expression as one argument)."""
 
-    PLAIN_METAVARS = {"int": "N", "int range": "N", "float": "X", "float range": "X"}
+    # click's type names: "integer", "integer range" in the typer 0.26 vendoring, "int"... later
+    PLAIN_METAVARS = {"int": "N", "int range": "N", "integer": "N", "integer range": "N",
+                      "float": "X", "float range": "X"}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
