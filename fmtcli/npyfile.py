@@ -20,8 +20,9 @@ bfloat16 saved by ``np.save`` from ml_dtypes is recorded as the descriptor ``'<V
 (``'>V2'`` when the array is big-endian).  numpy writes its own 2-byte void type as
 ``'|V2'``, and the only 2-byte type ml_dtypes registers is bfloat16, so ``'<V2'`` and
 ``'>V2'`` are read as bfloat16 in that byte order (readers swap it: ``quantize.stream``).
-ml_dtypes' 1-byte types (every float8, float6, float4 and int4 variant) are all recorded as ``'<V1'`` (float8_e5m2 as ``'<f1'``): the file
-does not say which one, so such a tensor is skipped with a note on how to convert it.
+ml_dtypes' 1-byte types (every float8, float6, float4 and int4 variant) are all recorded
+as ``'<V1'`` (float8_e5m2 as ``'<f1'``): the file does not say which one, so such a
+tensor is skipped with a note on how to convert it.
 """
 
 from __future__ import annotations

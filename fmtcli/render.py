@@ -19,8 +19,8 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from .choices import SUMMARY_ABOVE, SUMMARY_TOP, Granularity
 from .checkpoints import without_prefix
+from .choices import SUMMARY_ABOVE, SUMMARY_TOP, Granularity
 from .errors import one_line
 from .fates import Fate
 from .plaintable import (

@@ -23,8 +23,8 @@ from rich.text import Text
 # render.py imports this module for its RENDERERS: its names are looked up when a table is
 # drawn, by then defined
 from . import render
-from .choices import SUMMARY_TOP
 from .checkpoints import shared_prefix, without_prefix
+from .choices import SUMMARY_TOP
 
 if TYPE_CHECKING:
     from .compare import CompareResult, CompareStats, TensorComparison

@@ -34,12 +34,12 @@ from .backends import Backend, Device
 from .choices import HISTORY, Metric
 from .errors import UsageError, shown
 from .quantize import quantize_tensor, quantize_totals
-from .quantize.roles import counted_in_total
 from .quantize.chunk import chunk_amax
 from .quantize.engine import worker_count
 from .quantize.metrics import ErrorAccumulator
 from .quantize.parallel import default_workers, run_tasks, work_array
 from .quantize.results import ScaleSummary, SchemeStats
+from .quantize.roles import counted_in_total
 from .quantize.stream import (
     CHUNK_ELEMENTS,
     ChunkReader,

@@ -19,7 +19,6 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-
 from cli_helpers import invoke, strict_loads
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

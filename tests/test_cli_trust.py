@@ -8,10 +8,9 @@ FMT_TRACEBACK=1 (tests/conftest.py): only the guard's own tests unset it.
 
 from __future__ import annotations
 
-import re
-
 import glob
 import os
+import re
 import subprocess
 import sys
 import warnings

@@ -33,7 +33,6 @@ import shlex
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 

@@ -14,7 +14,6 @@ import json
 
 import numpy as np
 import pytest
-
 from cli_helpers import cuda_available, run_fmt
 from oracle import write_safetensors
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..choices import CHUNK_ELEMENTS
 from ..checkpoints import repeated_keys, tensor_names
+from ..choices import CHUNK_ELEMENTS
 from ..errors import DataError, UsageError, shown
 from ..quantize import parallel
 from ..quantize.metrics import HIST_BINS, ErrorAccumulator

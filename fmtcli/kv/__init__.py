@@ -53,10 +53,25 @@ import numpy as np
 from ..errors import DataError, UsageError, shown
 from ..formats import FormatSpec
 from ..quantize.metrics import ErrorAccumulator
-from .inputs import (AXES, DEFAULT_LAYOUT, K_NAMES, V_NAMES, example_kv, kv_streams,
-                     parse_layout, stream_of)
-from .scales import (CANDIDATES, FLOAT32_TINY, TinyScale, candidate_scale,
-                     checkpoint_factor, round_trip, smallest_scale)
+from .inputs import (
+    AXES,
+    DEFAULT_LAYOUT,
+    K_NAMES,
+    V_NAMES,
+    example_kv,
+    kv_streams,
+    parse_layout,
+    stream_of,
+)
+from .scales import (
+    CANDIDATES,
+    FLOAT32_TINY,
+    TinyScale,
+    candidate_scale,
+    checkpoint_factor,
+    round_trip,
+    smallest_scale,
+)
 
 __all__ = ["AXES", "CANDIDATES", "DEFAULT_LAYOUT", "FLOAT32_TINY", "GRANULARITIES",
            "K_NAMES", "KV_FORMATS", "KvResult", "KvStats", "STORED", "StreamResult",

@@ -70,7 +70,8 @@ def kernel_takes(source: TensorSource, schemes: list[Scheme], casts) -> list[boo
     if not available():
         return [False] * len(schemes)
     return [c == ON_GPU and s.product is Product.FLOAT32
-            and fast_path_applies(for_tensor(s, source.key, len(view_shape(source.shape))), source.shape)
+            and fast_path_applies(for_tensor(s, source.key, len(view_shape(source.shape))),
+                                  source.shape)
             for s, c in zip(schemes, casts)]
 
 

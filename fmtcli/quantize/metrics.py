@@ -17,8 +17,9 @@ Populations:
   E4M3 under nearest-even, |x * scale| >= 464, max plus half its ulp); ``above_max``: values
   whose scaled magnitude |x * scale| exceeds max at all (> 448 in E4M3; inf inputs
   included), what a clip-then-cast recipe clamps (torchao), the saturated and overflowed
-  ones among them; those between max and the rounding threshold round to max anyway.  A result that is inf or NaN for such an input
-  counts as an infinite relative error (it ranks last).
+  ones among them; those between max and the rounding threshold round to max anyway.  A
+  result that is inf or NaN for such an input counts as an infinite relative error (it
+  ranks last).
 - ``rmse``/``mse``, ``bias`` (mean signed error x_q - x), ``max_abs_error`` and ``sqnr_db``
   cover the elements whose input is finite.  A result that is inf or NaN for a finite input
   (``unbounded``: overflow under ``--overflow ieee``, a backend's NaN) is an unbounded error:

@@ -274,7 +274,8 @@ class SchemeStats:
         out.update({k: getattr(self, k) for k in (
             "count", "nonzero", "zeros", "nonfinite_inputs", "flushed", "flushed_fraction",
             "saturated", "saturated_fraction", "above_max", "above_max_fraction",
-            "overflowed", "overflowed_fraction", "nan_produced", "nan_produced_fraction", "median_rel_error", "p99_rel_error",
+            "overflowed", "overflowed_fraction", "nan_produced", "nan_produced_fraction",
+            "median_rel_error", "p99_rel_error",
             "max_abs_error", "rmse", "mse", "sqnr_db", "bias", "rel_error_resolution",
             "median_rel_error_outside_amax_block")})
         out["scales"] = self.scales.to_dict()
