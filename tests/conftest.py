@@ -42,3 +42,14 @@ def table_renders(monkeypatch) -> list:
 
     monkeypatch.setattr(Table, "__rich_console__", counting)
     return calls
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """A Dask LocalCluster of 2 single-thread worker processes for the module; its address
+    (skips without the ``distributed`` package)."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0")
+    yield cluster.scheduler_address
+    cluster.close()

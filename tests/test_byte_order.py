@@ -182,16 +182,6 @@ def test_compare_of_the_twins_finds_no_difference(twins):
         assert pair["differ"] == 0, pair
 
 
-@pytest.fixture(scope="module")
-def scheduler():
-    """One LocalCluster worker process for the module; its address."""
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
-    yield cluster.scheduler_address
-    cluster.close()
-
-
 @pytest.mark.parametrize("chunk", ["1024", "1048576"])  # a tensor's chunks, or whole
 def test_dask_workers_read_big_endian(twins, scheduler, chunk):
     for code in DTYPES:

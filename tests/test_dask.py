@@ -58,16 +58,6 @@ def checkpoint(tmp_path_factory):
     return write_sharded(tmp_path_factory.mktemp("dask") / "model")
 
 
-@pytest.fixture(scope="module")
-def scheduler():
-    """A LocalCluster of 2 single-thread worker processes for the module; its address."""
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
-    yield cluster.scheduler_address
-    cluster.close()
-
-
 def without_where(doc: dict) -> dict:
     """The document less the ``dask`` key (where it ran), which a local run lacks."""
     assert "dask" in doc

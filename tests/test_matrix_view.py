@@ -243,15 +243,6 @@ def test_the_engine_paths_agree_on_a_conv_weight(tmp_path):
         assert a["sqnr_db"] == pytest.approx(b["sqnr_db"], rel=1e-6)
 
 
-@pytest.fixture(scope="module")
-def scheduler():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
-    yield cluster.scheduler_address
-    cluster.close()
-
-
 def test_dask_tasks_block_the_same_view(tmp_path, scheduler):
     path = tmp_path / "w.npy"
     np.save(path, conv_weight((128, 32, 64, 1)))
