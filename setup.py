@@ -1,4 +1,4 @@
-"""Builds the optional compiled chunk kernel (fmtcli/quantize/_native.c).
+"""Builds the optional compiled chunk kernel (fmtcli/numerics/_native.c).
 
 Everything else is declared in pyproject.toml.  The extension is optional: where it cannot
 be compiled (no C compiler), the install goes on and the engine runs its numpy path, which
@@ -13,5 +13,5 @@ from setuptools import Extension, setup
 # reproduce numpy's float32 operations and pairwise sums bit for bit)
 FLAGS = [] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "-fno-math-errno"]
 
-setup(ext_modules=[Extension("fmtcli.quantize._native", ["fmtcli/quantize/_native.c"],
+setup(ext_modules=[Extension("fmtcli.numerics._native", ["fmtcli/numerics/_native.c"],
                              extra_compile_args=FLAGS, optional=True)])

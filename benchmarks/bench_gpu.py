@@ -28,11 +28,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fmtcli.formats import get_format
+from fmtcli.engine.results import SchemeStats
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.schemes import build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.quantize.results import SchemeStats
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import TensorSource
 
 
 def make(elements: int, seed: int = 0) -> np.ndarray:
@@ -99,7 +99,7 @@ def main() -> None:
 
     import torch
 
-    from fmtcli.quantize.cuda_kernel import quantize_blocks_cuda
+    from fmtcli.engine.cuda_kernel import quantize_blocks_cuda
 
     x = torch.from_numpy(data).cuda()
     size = x.numel() * 4

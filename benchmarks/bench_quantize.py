@@ -17,7 +17,7 @@ own "seconds" (it times itself after its imports) against fmtcli's wall time min
 time of the same command on a 128-element file (the same imports and set-up, no work;
 ``fmt --version`` no longer loads numpy, so it no longer measures the start-up of a run).
 
-fmtcli runs twice: with its compiled chunk kernel (``fmtcli/quantize/_native.c``, where it
+fmtcli runs twice: with its compiled chunk kernel (``fmtcli/numerics/_native.c``, where it
 is built) and with ``FMTCLI_KERNEL=numpy`` (the numpy formulation alone: the engine before
 the kernel), so the kernel's gain is measured in the same run.  Then the same values stored
 as float32, bfloat16 and float16, runs alternating (``--no-dtypes`` to skip): elements per
@@ -80,10 +80,10 @@ def run(command: list[str], **env: str) -> tuple[float, int, str]:
 # only call, so first-call costs count): no interpreter start-up to subtract.
 WORK_PROBE = """
 import sys, time
-from fmtcli.formats import get_format
+from fmtcli.numerics.formats import get_format
 from fmtcli.quantize import quantize
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import load_path
+from fmtcli.numerics.schemes import build_scheme
+from fmtcli.inputs.tensors import load_path
 scheme = build_scheme(format=get_format("float8_e4m3fn"), block=128)
 t0 = time.perf_counter()
 quantize(load_path(sys.argv[1]), [scheme])

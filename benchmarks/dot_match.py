@@ -14,7 +14,7 @@ import numpy as np
 
 from fmtcli.arithmetic import dot as D
 from fmtcli.arithmetic.dot_cuda import scaled_mm_output
-from fmtcli.formats import get_format
+from fmtcli.numerics.formats import get_format
 
 WIDTHS = (10, 11, 12, 13, 14, 15, 16, 18, 23)
 

@@ -3,7 +3,7 @@
     pip install numba          # not a dependency of fmtcli: this script measures whether
     python benchmarks/numba_prototype.py     # it would earn its place
 
-One compiled loop per element does what ``fmtcli.quantize.chunk.ChunkKernel`` does in ~15
+One compiled loop per element does what ``fmtcli.engine.chunk.ChunkKernel`` does in ~15
 numpy passes, for the common case (float32 data and product, nearest-even through the
 magic-number addition, one scale per block, every scaled value in range, finite data):
 x_q = cast(x * scale) / scale with the same float32 operations in the same order, the
@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from fmtcli.quantize.metrics import HIST_SHIFT
+from fmtcli.streaming.metrics import HIST_SHIFT
 
 EDGE_ULPS = 8  # as metrics.EDGE_ULPS
 MIN_ELEMENTS = 1 << 22  # below this many values in a tensor, numba's import does not pay
@@ -151,7 +151,7 @@ def per_value(fn, size: int, n: int = 20) -> float:
 def main() -> None:
     import time
 
-    from fmtcli.quantize.stream import keep_freed_memory
+    from fmtcli.streaming.stream import keep_freed_memory
 
     keep_freed_memory()  # as the engine does: no page faults for each chunk's arrays
 
@@ -164,10 +164,10 @@ def main() -> None:
     t2 = time.perf_counter()
     print(f"import numba + decorate {t1 - t0:.3f} s; first call (compile, or load the "
           f"cache) {t2 - t1:.3f} s")
-    from fmtcli.formats import get_format
-    from fmtcli.quantize.chunk import ChunkKernel, Plan
-    from fmtcli.quantize.metrics import FINITE_BINS, HIST_BINS
-    from fmtcli.schemes import build_scheme
+    from fmtcli.engine.chunk import ChunkKernel, Plan
+    from fmtcli.numerics.formats import get_format
+    from fmtcli.numerics.schemes import build_scheme
+    from fmtcli.streaming.metrics import FINITE_BINS, HIST_BINS
 
     rng = np.random.default_rng(0)
     data = {"N(0, 0.02)": (rng.standard_normal((64, 4096)) * 0.02).astype(np.float32),

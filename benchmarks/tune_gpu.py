@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from bench_gpu import timed  # benchmarks/, this script's folder
 
-from fmtcli.formats import get_format
-from fmtcli.quantize import cuda_kernel as gpu
-from fmtcli.quantize.cuda_kernel import Tuning
-from fmtcli.schemes import build_scheme
+from fmtcli.engine import cuda_kernel as gpu
+from fmtcli.engine.cuda_kernel import Tuning
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.schemes import build_scheme
 
 
 def best(fn, repeat: int = 10) -> float:

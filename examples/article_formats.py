@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from fmtcli import ARTICLE_FORMATS, get_format
-from fmtcli.fates import Fate
+from fmtcli.numerics.fates import Fate
 from fmtcli.underflow import underflow_table
 
 LABELS = {

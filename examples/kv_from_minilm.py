@@ -74,8 +74,8 @@ def main() -> int:
     from safetensors.numpy import save_file
 
     from fmtcli import get_format
+    from fmtcli.inputs.tensors import load_inputs
     from fmtcli.kv import analyse_kv, kv_streams
-    from fmtcli.tensors import load_inputs
 
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else \
         Path(tempfile.gettempdir()) / "minilm-kv.safetensors"

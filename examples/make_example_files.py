@@ -28,7 +28,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from fmtcli.quantize.writers import write_safetensors
+from fmtcli.engine.writers import write_safetensors
 
 BERT_ROLES = ("attention.self.query", "attention.self.key", "attention.self.value",
               "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",

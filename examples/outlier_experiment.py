@@ -9,10 +9,10 @@ and brings the median error down to about 2%.  Exits 1 if the figures disagree.
 
 import sys
 
-from fmtcli.formats import get_format
+from fmtcli.inputs.tensors import example_tensor
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.schemes import Granularity, Scheme
 from fmtcli.quantize import quantize
-from fmtcli.schemes import Granularity, Scheme
-from fmtcli.tensors import example_tensor
 
 e4m3 = get_format("float8_e4m3fn")
 per_tensor = Scheme(e4m3, Granularity.TENSOR)

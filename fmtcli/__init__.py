@@ -7,15 +7,18 @@ start-up -- costs nothing until a number is needed.
 
 from __future__ import annotations
 
-from .lazy import lazy_exports
+from fmtcli._moved import install as _install_moved_paths
+from fmtcli.base.lazy import lazy_exports
+
+_install_moved_paths()  # the flat layout's module paths (fmtcli.tensors...) still import
 
 _EXPORTS = {
-    "BadValueError": "errors", "DataError": "errors", "FmtError": "errors",
-    "UnknownFormatError": "errors", "UsageError": "errors",
-    "ARTICLE_FORMATS": "formats", "REGISTRY": "formats", "FormatSpec": "formats",
-    "Specials": "formats", "get_format": "formats", "resolve_format": "formats",
-    "OverflowPolicy": "rounding", "RoundingMode": "rounding", "all_values": "rounding",
-    "decode": "rounding", "encode": "rounding", "round_to_format": "rounding",
+    **dict.fromkeys(["BadValueError", "DataError", "FmtError", "UnknownFormatError",
+                     "UsageError"], "base.errors"),
+    **dict.fromkeys(["ARTICLE_FORMATS", "REGISTRY", "FormatSpec", "Specials", "get_format",
+                     "resolve_format"], "numerics.formats"),
+    **dict.fromkeys(["OverflowPolicy", "RoundingMode", "all_values", "decode", "encode",
+                     "round_to_format"], "numerics.rounding"),
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,6 +1,6 @@
 """``python -m fmtcli``: the same command line as ``fmt``."""
 
-from .cli import main
+from fmtcli.cli import main
 
 if __name__ == "__main__":
     main(prog_name="fmtcli")

@@ -1,28 +1,34 @@
-"""The layers of docs/architecture.md, checked on the source: every fmtcli import points
-down (or within its layer), only the command line imports typer, and rich stays in the
-presentation and command-line layers."""
+"""The layers of docs/architecture.md, checked on the source.
+
+The graph is built from every ``import`` in ``fmtcli/`` (read with ``ast``: module-level,
+function-level and ``TYPE_CHECKING`` imports alike), and must hold:
+
+- every module is in a layer (its folder decides), and the top level stays small;
+- no import points up a layer, and no analysis imports another analysis;
+- the graph has no cycle;
+- only the command line imports typer, only presentation and the command line import rich,
+  and the bottom layer needs nothing but the standard library.
+"""
 
 from __future__ import annotations
 
 import ast
+import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fmtcli"
 
-LAYERS = {  # module (dotted, under fmtcli) -> layer, as docs/architecture.md lists them
-    **dict.fromkeys(["choices", "errors", "dtypes", "lazy"], 0),
-    **dict.fromkeys(["formats", "rounding", "literals", "fates", "scaling", "schemes",
-                     "backends"], 1),
-    **dict.fromkeys(["tensors", "npyfile", "textparse", "checkpoints"], 2),
-    **dict.fromkeys(["quantize", "underflow", "scalesearch", "lossscale", "conformance",
-                     "attention", "compare", "arithmetic", "kv"], 3),
-    **dict.fromkeys(["render", "plaintable", "jsonsafe", "csvout", "render_softmax",
-                     "render_attention", "render_compare", "render_dot", "render_kv",
-                     "render_arithmetic"], 4),
-    **dict.fromkeys(["cli", "__main__"], 5),
-}
+# The layers, bottom first: a module's first dotted part (its folder) decides its layer
+LAYER_NAMES = ["base", "numerics", "inputs", "streaming", "engine", "analyses", "render", "cli"]
+ANALYSES = ["quantize", "scale_search", "loss_scale", "underflow", "check_backends", "kv",
+            "compare", "attention", "arithmetic"]
+FOLDERS = {"base": 0, "_moved": 0, "numerics": 1, "inputs": 2, "streaming": 3, "engine": 4,
+           **dict.fromkeys(ANALYSES, 5), "render": 6, "cli": 7, "__main__": 7}
+# the compiled kernel (a C extension: no .py file to read)
+EXTENSIONS = {"numerics._native"}
 
 
 def modules() -> list[Path]:
@@ -34,81 +40,174 @@ def dotted(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_module(parts: list[str]) -> bool:
-    where = PACKAGE.joinpath(*parts)
-    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+def is_module(name: str) -> bool:
+    where = PACKAGE.joinpath(*name.split("."))
+    return (name in EXTENSIONS or where.with_suffix(".py").exists()
+            or (where / "__init__.py").exists())
 
 
 def layer_of(name: str) -> int | None:
-    """The layer of a module under fmtcli (its top-level name decides); None for fmtcli's
-    own __init__ (the lazy re-exports)."""
-    return LAYERS.get(name.split(".")[0]) if name else None
+    """The layer of a module under fmtcli; 0 for fmtcli's own ``__init__`` (it imports
+    only ``base`` and ``_moved``; its exports load on first use)."""
+    return 0 if not name else FOLDERS.get(name.split(".")[0])
 
 
-def imports(path: Path) -> list[tuple[str, bool]]:
-    """(absolute target, under TYPE_CHECKING) of every import in the module; fmtcli
-    targets as dotted names under fmtcli, others as written."""
+def analysis_of(name: str) -> str | None:
+    return name.split(".")[0] if layer_of(name) == 5 else None
+
+
+def module_of(name: str) -> str:
+    """The module a dotted name under fmtcli lives in (longest prefix that is a module)."""
+    while name and not is_module(name):
+        name = name.rpartition(".")[0]
+    return name
+
+
+@cache
+def imports(path: Path) -> tuple[tuple[str, int], ...]:
+    """(target, line) of every import in the module: fmtcli targets as ``fmtcli:`` and the
+    dotted module under fmtcli (``from x import name`` resolves to ``x.name`` where that is
+    a module), others by their top-level name."""
     tree = ast.parse(path.read_text())
-    package = dotted(path).split(".") if path.name == "__init__.py" else \
-        dotted(path).split(".")[:-1]
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", "") == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
+    here = dotted(path).split(".") if dotted(path) else []
+    package = here if path.name == "__init__.py" else here[:-1]
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [(alias.name, id(node) in typing_only) for alias in node.names]
+            for alias in node.names:
+                if alias.name == "fmtcli" or alias.name.startswith("fmtcli."):
+                    out.append(("fmtcli:" + module_of(alias.name[7:]), node.lineno))
+                else:
+                    out.append((alias.name.split(".")[0], node.lineno))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = [p for p in package if p][:len([p for p in package if p])
-                                                  - (node.level - 1)]
-                names = [".".join(base + ([node.module] if node.module else []))]
-                if not node.module:  # from . import x, y: modules, or names of the package
-                    names = [".".join(base + [a.name]) if is_module(base + [a.name])
-                             else ".".join(base) for a in node.names]
-                out += [("fmtcli:" + n.strip("."), id(node) in typing_only) for n in names]
+                base = package[:len(package) - (node.level - 1)]
+                parts = base + (node.module.split(".") if node.module else [])
+            elif node.module == "fmtcli" or (node.module or "").startswith("fmtcli."):
+                parts = node.module.split(".")[1:]
             else:
-                out.append((node.module, id(node) in typing_only))
-    return out
+                out.append((node.module.split(".")[0], node.lineno))
+                continue
+            for alias in node.names:
+                name = ".".join(parts + [alias.name])
+                out.append(("fmtcli:" + module_of(name if is_module(name) else ".".join(parts)),
+                            node.lineno))
+    return tuple(out)
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda p: dotted(p) or "fmtcli")
+def graph() -> dict[str, set[str]]:
+    edges = {}
+    for path in modules():
+        here = dotted(path)
+        edges[here] = {t.removeprefix("fmtcli:") for t, _ in imports(path)
+                       if t.startswith("fmtcli:")} - {here, ""}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+IDS = {"ids": lambda p: dotted(p) or "fmtcli"}
+
+
+@pytest.mark.parametrize("path", modules(), **IDS)
+def test_every_module_has_a_layer(path):
+    assert layer_of(dotted(path)) is not None, f"{dotted(path)}: no layer (FOLDERS)"
+
+
+@pytest.mark.parametrize("path", modules(), **IDS)
 def test_imports_point_down_the_layers(path):
-    here = layer_of(dotted(path))
-    if here is None:
-        return  # fmtcli/__init__.py: names loaded on first use, from layers 0-1
-    for target, typing_only in imports(path):
-        if not target.startswith("fmtcli:") or typing_only:
+    here = dotted(path)
+    for target, line in imports(path):
+        if not target.startswith("fmtcli:") or target == "fmtcli:":
             continue
-        target_name = target.removeprefix("fmtcli:")
-        if not target_name:
-            continue  # fmtcli itself (package_version): the package's own top
-        there = layer_of(target_name)
-        assert there is not None, f"{dotted(path)} imports {target}: not in LAYERS"
-        assert there <= here, f"{dotted(path)} (layer {here}) imports {target} (layer {there})"
+        there = target.removeprefix("fmtcli:")
+        assert layer_of(there) is not None, f"{here}:{line} imports {there}: no layer"
+        assert layer_of(there) <= layer_of(here), (
+            f"{here} ({LAYER_NAMES[layer_of(here)]}) line {line} imports {there} "
+            f"({LAYER_NAMES[layer_of(there)]}): up a layer")
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda p: dotted(p) or "fmtcli")
-def test_typer_only_in_the_command_line_and_rich_only_in_presentation(path):
+@pytest.mark.parametrize("path", modules(), **IDS)
+def test_no_analysis_imports_another(path):
+    here = dotted(path)
+    for target, line in imports(path):
+        there = target.removeprefix("fmtcli:")
+        if target.startswith("fmtcli:") and analysis_of(here) and analysis_of(there):
+            assert analysis_of(there) == analysis_of(here), (
+                f"{here} line {line} imports {there}: one analysis reaching into another")
+
+
+def test_the_import_graph_has_no_cycle():
+    assert cycles(graph()) == []
+
+
+@pytest.mark.parametrize("path", modules(), **IDS)
+def test_typer_only_in_the_command_line_rich_only_in_presentation(path):
     here = layer_of(dotted(path))
-    for target, _ in imports(path):
-        if target.split(".")[0] == "typer":
-            assert here == 5, f"{dotted(path)} imports typer"
-        if target.split(".")[0] == "rich":
-            assert here in (4, 5), f"{dotted(path)} imports rich"
+    for target, line in imports(path):
+        if target == "typer":
+            assert here == 7, f"{dotted(path)} line {line} imports typer"
+        if target == "rich":
+            assert here in (6, 7), f"{dotted(path)} line {line} imports rich"
 
 
-def test_every_module_has_a_layer():
-    names = {dotted(p).split(".")[0] for p in modules()} - {""}
-    assert names == set(LAYERS)
+@pytest.mark.parametrize("path", [p for p in modules() if layer_of(dotted(p)) == 0], **IDS)
+def test_the_bottom_layer_needs_only_the_standard_library(path):
+    """base/ is what the parser is built from, before numpy loads."""
+    for target, line in imports(path):
+        if not target.startswith("fmtcli:"):
+            assert target in sys.stdlib_module_names or target == "__future__", (
+                f"{dotted(path)} line {line} imports {target}")
 
 
-def test_the_import_reader_resolves_relative_imports():
-    """``from .x``, ``from ..x`` and ``from . import x`` resolve to the modules they name
-    (adding ``from .render import render`` to formats.py fails the layer test: tried)."""
-    fake = PACKAGE / "formats.py"
-    found = dict(imports(fake))
-    assert "fmtcli:choices" in found and "fmtcli:errors" in found
-    engine = PACKAGE / "quantize" / "engine.py"
-    targets = {t for t, _ in imports(engine)}
-    assert {"fmtcli:quantize.chunk", "fmtcli:schemes"} <= targets
+def test_the_top_level_holds_at_most_six_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 6, top
+
+
+# -- the reader itself --------------------------------------------------------------------
+
+def test_the_graph_finds_a_planted_cycle_and_an_upward_import():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+    assert layer_of("render.kv") > layer_of("kv") > layer_of("engine.chunk")
+
+
+def test_the_import_reader_resolves_relative_absolute_and_package_imports(tmp_path):
+    """``from .x``, ``from ..x``, ``from fmtcli.p import module`` and function-level imports
+    resolve to the modules they name."""
+    engine_run = PACKAGE / "engine" / "run.py"
+    targets = {t for t, _ in imports(engine_run)}
+    assert {"fmtcli:engine.chunk", "fmtcli:numerics.schemes"} <= targets
+    native = {t for t, _ in imports(PACKAGE / "numerics" / "native.py")}
+    assert "fmtcli:numerics._native" in native

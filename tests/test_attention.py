@@ -24,8 +24,8 @@ from cli_helpers import (
 
 from fmtcli.attention import accuracy as A
 from fmtcli.attention.io_model import io_model
-from fmtcli.choices import Granularity
-from fmtcli.formats import get_format
+from fmtcli.base.choices import Granularity
+from fmtcli.numerics.formats import get_format
 
 E4M3 = get_format("float8_e4m3fn")
 F32 = get_format("float32")
@@ -248,7 +248,7 @@ def test_every_size_option_is_bounded(option, limit):
 
 
 def test_the_io_model_refuses_sizes_beyond_its_limits_and_prints_the_largest():
-    from fmtcli.errors import UsageError
+    from fmtcli.base.errors import UsageError
 
     with pytest.raises(UsageError, match="seq=a 401-digit number must be from 1 to 16,777,216"):
         io_model(1, 1, int(HUGE), 64)
@@ -300,7 +300,7 @@ def test_finite_inputs_never_give_nan_figures(tmp_path):
 def test_a_float32_accumulator_that_overflows_is_refused():
     """The blockwise method's acc sums P~ V over the keys before dividing by l (<= N_k):
     V near float32's max with equal scores overflows it; the library refuses, naming it."""
-    from fmtcli.errors import DataError
+    from fmtcli.base.errors import DataError
 
     q = np.zeros((1, 1, 64, 8))
     v = np.full((1, 1, 64, 8), 3e38)
@@ -355,7 +355,7 @@ def test_the_estimate_is_near_what_a_run_takes():
     from fmtcli.attention.budget import estimate
 
     code = ("import re; from fmtcli.attention.report import analyse_attention;"
-            "from fmtcli.formats import get_format;"
+            "from fmtcli.numerics.formats import get_format;"
             "analyse_attention(get_format('float16'), batch=1, heads=1, seq=2048, dim=64);"
             "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])")
     if not os.path.exists("/proc/self/status"):

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from cli_helpers import assert_usage_error, invoke, json_of
 
-from fmtcli.backends import Backend, Device, cast, resolve
-from fmtcli.errors import UsageError
-from fmtcli.formats import get_format
+from fmtcli.base.errors import UsageError
+from fmtcli.inputs.tensors import example_tensor
+from fmtcli.numerics.backends import Backend, Device, cast, resolve
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.rounding import round_to_format
+from fmtcli.numerics.schemes import Granularity, build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.rounding import round_to_format
-from fmtcli.schemes import Granularity, build_scheme
-from fmtcli.tensors import example_tensor
 
 torch = pytest.importorskip("torch")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -66,9 +66,10 @@ def test_resolve_usage_errors():
 def test_auto_stays_on_the_cpu_without_a_gpu(monkeypatch):
     """Over the size threshold but with no NVIDIA device node: the CPU engine (which,
     unlike the CUDA path, counts distinct scales)."""
-    from fmtcli.quantize import cuda, quantize
-    from fmtcli.schemes import build_scheme
-    from fmtcli.tensors import TensorSource
+    from fmtcli.engine import cuda
+    from fmtcli.inputs.tensors import TensorSource
+    from fmtcli.numerics.schemes import build_scheme
+    from fmtcli.quantize import quantize
 
     data = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
     source = TensorSource("t", None, data.shape, "float32", lambda: data)

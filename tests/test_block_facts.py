@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from oracle import matrix_view, ref_quantize, tiles
 
-from fmtcli.choices import Granularity, ScaleRule
+from fmtcli.base.choices import Granularity, ScaleRule
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.schemes import build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.quantize.blocks import FRACTION_RESOLUTION, log2_histogram
-from fmtcli.quantize.roles import role_of
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import TensorSource
+from fmtcli.streaming.blocks import FRACTION_RESOLUTION, log2_histogram
+from fmtcli.streaming.roles import role_of
 
 
 def source(x: np.ndarray, key: str | None = None, name: str = "t.npy") -> TensorSource:

@@ -16,7 +16,7 @@ import pytest
 from cli_helpers import assert_fits, invoke, json_of
 from safetensors.numpy import save_file
 
-from fmtcli.quantize.roles import counted_in_total, is_buffer
+from fmtcli.streaming.roles import counted_in_total, is_buffer
 
 
 @pytest.fixture(scope="module")

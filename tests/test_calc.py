@@ -31,8 +31,8 @@ from cli_helpers import (
 from fmtcli.arithmetic.calc import calculate, exact_text, parse_expression
 from fmtcli.arithmetic.ops import Arithmetic, arithmetic_spec, round_rational
 from fmtcli.arithmetic.pairs import round_float
-from fmtcli.choices import RoundingMode
-from fmtcli.errors import UsageError
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError
 
 MODES = ["nearest-even", "nearest-away", "toward-zero", "up", "down"]
 LISTED = {"bfloat16": "bfloat16", "float16": "float16", "e4m3fn": "float8_e4m3fn",

@@ -15,7 +15,7 @@ import peer_behaviour as peer
 import pytest
 from cli_helpers import assert_fits, invoke, json_of, run_fmt
 
-from fmtcli.quantize import native
+from fmtcli.numerics import native
 
 
 def ml_dtypes_report(doc: dict, name: str) -> dict:

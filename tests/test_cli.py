@@ -18,8 +18,8 @@ import pytest
 from cli_helpers import assert_no_traceback, assert_usage_error, invoke, json_of, strict_loads
 
 from fmtcli import __version__
-from fmtcli.fates import Fate
-from fmtcli.formats import ARTICLE_FORMATS, REGISTRY
+from fmtcli.numerics.fates import Fate
+from fmtcli.numerics.formats import ARTICLE_FORMATS, REGISTRY
 
 ARTICLE_SIX = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                "float8_e5m2"]

@@ -13,7 +13,7 @@ import typer
 from cli_helpers import assert_usage_error, invoke
 from typer.core import TyperArgument
 
-from fmtcli.choices import RECIPE_NAMES
+from fmtcli.base.choices import RECIPE_NAMES
 from fmtcli.cli import app
 
 
@@ -46,8 +46,8 @@ def test_every_command_s_format_says_so_through_the_shared_parser(args):
 
 
 def test_the_library_says_it_with_the_parameter_s_name():
-    from fmtcli.errors import UnknownFormatError
-    from fmtcli.formats import get_format
+    from fmtcli.base.errors import UnknownFormatError
+    from fmtcli.numerics.formats import get_format
 
     with pytest.raises(UnknownFormatError, match=r"recipe='nvfp4'"):
         get_format("nvfp4")
@@ -137,7 +137,7 @@ def test_a_number_s_plain_metavar_is_n_and_its_range_stays_in_brackets():
 # -- workers -----------------------------------------------------------------------------
 
 def test_workers_are_bounded_by_the_cores_available(tmp_path):
-    from fmtcli.choices import cores_available
+    from fmtcli.base.choices import cores_available
 
     cores = cores_available()
     for name in ("quantize", "scale-search", "loss-scale", "compare"):
@@ -148,8 +148,8 @@ def test_workers_are_bounded_by_the_cores_available(tmp_path):
 
 
 def test_cores_available_is_the_affinity_mask():
-    from fmtcli.choices import cores_available
-    from fmtcli.quantize.parallel import MAX_DEFAULT_WORKERS, default_workers
+    from fmtcli.base.choices import cores_available
+    from fmtcli.streaming.parallel import MAX_DEFAULT_WORKERS, default_workers
 
     if hasattr(os, "sched_getaffinity"):
         assert cores_available() == len(os.sched_getaffinity(0))
@@ -157,8 +157,8 @@ def test_cores_available_is_the_affinity_mask():
 
 
 def test_dask_local_workers_are_bounded_by_the_cores_available(tmp_path):
-    from fmtcli.choices import cores_available
-    from fmtcli.errors import UsageError
+    from fmtcli.base.choices import cores_available
+    from fmtcli.base.errors import UsageError
     from fmtcli.quantize.distributed import parse_address
 
     cores = cores_available()

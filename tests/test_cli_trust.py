@@ -28,8 +28,8 @@ from cli_helpers import (
 )
 from oracle import write_safetensors
 
-import fmtcli.quantize.writers as output
-from fmtcli.errors import FmtError
+import fmtcli.engine.writers as output
+from fmtcli.base.errors import FmtError
 
 BIG = "9" * 5000
 LONG = "x" * 100_000
@@ -399,7 +399,7 @@ def scheme_of(*args) -> dict:
 
 
 def test_percentile_rule_through_the_cli():
-    from fmtcli.tensors import example_tensor
+    from fmtcli.inputs.tensors import example_tensor
 
     x = np.abs(np.asarray(example_tensor().array(), np.float64))
     stats = scheme_of("--per", "tensor", "--percentile", "99")
@@ -523,15 +523,15 @@ def test_product_takes_float32_or_exact(command):
 # -- library errors speak Python, the command line speaks options ---------------------------
 
 LIBRARY_ERRORS = [  # (a library call that raises, what str(error) says)
-    (lambda: __import__("fmtcli.schemes").schemes.build_scheme(block=0),
+    (lambda: __import__("fmtcli.numerics.schemes").schemes.build_scheme(block=0),
      "block=0: a block size must be >= 1"),
-    (lambda: __import__("fmtcli.schemes").schemes.build_scheme(block=4, tile="2x2"),
+    (lambda: __import__("fmtcli.numerics.schemes").schemes.build_scheme(block=4, tile="2x2"),
      "block=4 and tile='2x2' are alternatives: give one"),
-    (lambda: __import__("fmtcli.backends").backends.resolve(
+    (lambda: __import__("fmtcli.numerics.backends").backends.resolve(
         "ml_dtypes", "cpu", __import__("fmtcli").get_format("tf32")),
      "ml_dtypes has no tfloat32 (use backend='numpy')"),
-    (lambda: __import__("fmtcli.schemes").schemes.comparison_schemes(
-        __import__("fmtcli.schemes").schemes.build_scheme(), "some"),
+    (lambda: __import__("fmtcli.numerics.schemes").schemes.comparison_schemes(
+        __import__("fmtcli.numerics.schemes").schemes.build_scheme(), "some"),
      "compare='some': compare takes tensor, none or all"),
 ]
 

@@ -23,7 +23,7 @@ from cli_helpers import (
 from safetensors.numpy import save_file
 
 from fmtcli.compare import compare_sources
-from fmtcli.tensors import TensorSource
+from fmtcli.inputs.tensors import TensorSource
 
 RNG = np.random.default_rng(16)
 

@@ -67,12 +67,12 @@ def without_where(doc: dict) -> dict:
 def scan_both(checkpoint, address, options, task_bytes=1 << 16):
     """(local document, Dask document) of the library's quantize under one scheme and the
     per-tensor comparison, with chunks of 4096 values and tasks of ``task_bytes``."""
-    from fmtcli.choices import Granularity, RoundingMode, ScaleRule
-    from fmtcli.formats import get_format
+    from fmtcli.base.choices import Granularity, RoundingMode, ScaleRule
+    from fmtcli.inputs.tensors import load_inputs
+    from fmtcli.numerics.formats import get_format
+    from fmtcli.numerics.schemes import build_scheme, comparison_schemes
     from fmtcli.quantize import quantize
     from fmtcli.quantize.distributed import quantize_on_dask
-    from fmtcli.schemes import build_scheme, comparison_schemes
-    from fmtcli.tensors import load_inputs
 
     kinds = {"format": get_format, "per": Granularity, "scale_rule": ScaleRule,
              "rounding": RoundingMode}
@@ -100,7 +100,7 @@ SCHEMES = [
 
 @pytest.mark.parametrize("options", SCHEMES, ids=lambda o: "-".join(map(str, o.values())))
 def test_identical_statistics_on_a_sharded_checkpoint(checkpoint, scheduler, options):
-    from fmtcli.jsonsafe import dumps
+    from fmtcli.render.jsonsafe import dumps
 
     local, remote, where = scan_both(checkpoint, scheduler, options)
     # large tensors were split: more tasks than the 8 tensors, several per tensor
@@ -110,7 +110,7 @@ def test_identical_statistics_on_a_sharded_checkpoint(checkpoint, scheduler, opt
 
 def test_whole_small_tensors_batched(checkpoint, scheduler):
     """With the default task size every tensor here is small: few tasks, same result."""
-    from fmtcli.jsonsafe import dumps
+    from fmtcli.render.jsonsafe import dumps
 
     local, remote, where = scan_both(checkpoint, scheduler, {"block": 64},
                                      task_bytes=1 << 30)
@@ -143,15 +143,15 @@ def test_a_worker_killed_mid_scan_changes_nothing(tmp_path):
     """SIGKILL one worker process while the scan's tasks are out: Dask reruns them (its
     nanny starts a new worker), and the report is the local one."""
     distributed = pytest.importorskip("distributed")
-    from fmtcli.jsonsafe import dumps
+    from fmtcli.inputs.tensors import load_inputs
+    from fmtcli.numerics.schemes import build_scheme, comparison_schemes
     from fmtcli.quantize import quantize
     from fmtcli.quantize.distributed import quantize_on_dask
-    from fmtcli.schemes import build_scheme, comparison_schemes
-    from fmtcli.tensors import load_inputs
+    from fmtcli.render.jsonsafe import dumps
 
     folder = write_sharded(tmp_path / "model", seed=3)
     sources = load_inputs([str(folder)])
-    from fmtcli.formats import get_format
+    from fmtcli.numerics.formats import get_format
 
     schemes = comparison_schemes(build_scheme(format=get_format("float8_e4m3fn"), block=32),
                                  "tensor")

@@ -26,9 +26,9 @@ from cli_helpers import (
 )
 
 from fmtcli.arithmetic import dot as D
-from fmtcli.choices import AccumulationRounding
-from fmtcli.errors import UsageError
-from fmtcli.formats import get_format
+from fmtcli.base.choices import AccumulationRounding
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import get_format
 
 E4M3 = get_format("float8_e4m3fn")
 TZ, RNE = AccumulationRounding.TOWARD_ZERO, AccumulationRounding.NEAREST_EVEN

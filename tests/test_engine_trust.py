@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fmtcli.formats import get_format
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.rounding import RoundingMode
+from fmtcli.numerics.scaling import ScaleRule
+from fmtcli.numerics.schemes import Granularity, build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.rounding import RoundingMode
-from fmtcli.scaling import ScaleRule
-from fmtcli.schemes import Granularity, build_scheme
-from fmtcli.tensors import TensorSource
 
 
 def source(x, key=None, name="mem") -> TensorSource:
@@ -57,7 +57,7 @@ def just_above_max_amaxes(spec, count=2, seed=0) -> list[float]:
 
 def quantize_three_ways(x, tmp_path, **kwargs):
     """(statistics, .npy values, decoded .npz codes / scales, scales) of one scheme."""
-    from fmtcli.rounding import decode
+    from fmtcli.numerics.rounding import decode
 
     scheme = build_scheme(**kwargs)
     stats_ = quantize([source(x)], [scheme], workers=1).tensors[0].schemes[0]
@@ -78,7 +78,7 @@ def quantize_three_ways(x, tmp_path, **kwargs):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fmt", FORMATS_1)
 def test_directed_rounding_stays_in_range(fmt, mode, overflow, tmp_path):
-    from fmtcli.rounding import round_unbounded
+    from fmtcli.numerics.rounding import round_unbounded
 
     spec = get_format(fmt)
     amaxes = just_above_max_amaxes(spec)
@@ -130,7 +130,7 @@ def test_mx_block_of_460_rounds_in_range(mode, overflow, tmp_path):
 def test_seed_streams_are_not_shifts_of_each_other(seed):
     import warnings
 
-    from fmtcli.rounding import PositionalUniform
+    from fmtcli.numerics.rounding import PositionalUniform
 
     n, reach = 4096, 1024
     index = np.arange(n + 2 * reach, dtype=np.uint64)
@@ -144,7 +144,7 @@ def test_seed_streams_are_not_shifts_of_each_other(seed):
 
 
 def test_seed_stream_bits_look_uniform():
-    from fmtcli.rounding import PositionalUniform
+    from fmtcli.numerics.rounding import PositionalUniform
 
     n = 1 << 16
     for seed in (0, 1, 12345, 2**64 - 1):
@@ -226,7 +226,7 @@ def test_backend_ieee_shows_the_backends_own_overflow():
 
 
 def test_underflow_backend_saturates():
-    from fmtcli.rounding import OverflowPolicy
+    from fmtcli.numerics.rounding import OverflowPolicy
     from fmtcli.underflow import underflow_table
 
     spec = get_format("float8_e4m3fn")
@@ -246,12 +246,12 @@ def test_backend_refusals_come_before_importing_torch():
     code = textwrap.dedent("""
         import sys
         import numpy as np
-        from fmtcli.backends import resolve
-        from fmtcli.errors import UsageError
-        from fmtcli.formats import get_format
+        from fmtcli.numerics.backends import resolve
+        from fmtcli.base.errors import UsageError
+        from fmtcli.numerics.formats import get_format
         from fmtcli.quantize import quantize
-        from fmtcli.schemes import build_scheme
-        from fmtcli.tensors import TensorSource
+        from fmtcli.numerics.schemes import build_scheme
+        from fmtcli.inputs.tensors import TensorSource
         from fmtcli.underflow import underflow_table
 
         x = np.ones(4, np.float32)
@@ -298,7 +298,7 @@ def test_ieee_never_reports_a_better_error_than_saturate(recipe):
 def test_unbounded_errors_in_the_total_and_json():
     import json
 
-    from fmtcli.jsonsafe import dumps  # the JSON writer of --json
+    from fmtcli.render.jsonsafe import dumps  # the JSON writer of --json
 
     x = np.array([500.0, 1.0], np.float32)
     y = np.array([1.0, 2.0], np.float32)
@@ -365,7 +365,7 @@ BIG64 = np.array([1e300, -3e299, 5e299], np.float64)
 def test_float64_beyond_float32_range(kwargs):
     import warnings
 
-    from fmtcli.errors import DataError
+    from fmtcli.base.errors import DataError
 
     scheme = build_scheme(**kwargs)
     with warnings.catch_warnings():
@@ -410,7 +410,7 @@ def test_cli_float64_beyond_float32_has_no_warning(tmp_path):
 def edge_crossers(n=2_000_000, seed=1) -> np.ndarray:
     """float32 values in [1, 256) whose E4M3 relative error, computed in float32, rounds up
     onto a bin edge although the true value lies below it."""
-    from fmtcli.rounding import round_to_format
+    from fmtcli.numerics.rounding import round_to_format
 
     spec = get_format("float8_e4m3fn")
     x = np.random.default_rng(seed).uniform(1, 256, n).astype(np.float32)
@@ -430,7 +430,7 @@ def test_quantiles_never_breach_their_bin(dtype):
         x = np.full(101, value, dtype)
         x[0] = 448
         d = stats(x, per=Granularity.TENSOR, scale_rule=ScaleRule.POW2_FLOOR)
-        from fmtcli.rounding import round_to_format
+        from fmtcli.numerics.rounding import round_to_format
 
         xq = float(round_to_format(np.array([value], np.float64), get_format("float8_e4m3fn"))[0])
         true = abs(xq - float(value)) / float(value)
@@ -443,7 +443,7 @@ def test_quantiles_never_breach_their_bin(dtype):
 def test_bin_keys_of_float64_data_near_edges_are_exact():
     from fractions import Fraction
 
-    from fmtcli.quantize.metrics import _bin_keys
+    from fmtcli.streaming.metrics import _bin_keys
 
     rng = np.random.default_rng(4)
     edges = (rng.integers(0x3800, 0x3F80, 2000).astype(np.uint32) << np.uint32(16)).view(
@@ -465,7 +465,7 @@ def test_bin_keys_of_float64_data_near_edges_are_exact():
 def test_e8m0_nearest_even_ties_go_up_as_ml_dtypes():
     import ml_dtypes
 
-    from fmtcli.rounding import round_to_format
+    from fmtcli.numerics.rounding import round_to_format
 
     ties = np.ldexp(1.5, np.arange(-120, 120)).astype(np.float32)
     ours = round_to_format(ties, get_format("float8_e8m0fnu"))
@@ -573,7 +573,7 @@ def quantize_values(x):
     spec = get_format("float8_e4m3fn")
     amax = float(np.max(np.abs(x)))
     scale = spec.max / amax
-    from fmtcli.rounding import round_to_format
+    from fmtcli.numerics.rounding import round_to_format
 
     return round_to_format(x * scale, spec, overflow="saturate") / scale
 
@@ -591,7 +591,7 @@ def test_exact_product_outputs_keep_float64(tmp_path):
     """--product exact on float64 data far below float32's range: the .npy holds float64
     x_q and the .npz float64 scales, so both agree with the statistics (float32 files
     would hold zeros and a zero scale)."""
-    from fmtcli.rounding import decode
+    from fmtcli.numerics.rounding import decode
 
     scheme = build_scheme(per=Granularity.TENSOR)
     npy, npz = str(tmp_path / "q.npy"), str(tmp_path / "q.npz")

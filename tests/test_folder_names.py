@@ -13,7 +13,7 @@ import pytest
 from cli_helpers import assert_data_error, assert_fits, invoke, json_of, run_fmt, succeeds
 from safetensors.numpy import save_file
 
-from fmtcli.tensors import TensorInfo
+from fmtcli.inputs.tensors import TensorInfo
 
 RNG = np.random.default_rng(22)
 
@@ -232,7 +232,7 @@ def info(source: str, key: str | None) -> TensorInfo:
 
 
 def test_tensor_names_qualify_only_repeated_keys():
-    from fmtcli.checkpoints import tensor_names
+    from fmtcli.inputs.checkpoints import tensor_names
 
     tensors = [info("d/a.pt", "w"), info("d/b.pt", "w"), info("d/b.pt", "x"),
                info("d/sub/c.pt", "w")]
@@ -244,7 +244,7 @@ def test_tensor_names_qualify_only_repeated_keys():
 
 
 def test_shared_prefix_is_dotted_and_never_a_whole_name():
-    from fmtcli.checkpoints import shared_prefix, without_prefix
+    from fmtcli.inputs.checkpoints import shared_prefix, without_prefix
 
     assert shared_prefix(["model_state_dict.W.weight", "model_state_dict.W.bias"]) == \
         "model_state_dict.W."

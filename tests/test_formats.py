@@ -1,4 +1,4 @@
-"""Tests of fmtcli.formats: derived figures, code-point census, custom grammar, name resolution.
+"""Tests of fmtcli.numerics.formats: derived figures, code-point census, custom grammar, name resolution.
 
 Reference points are independent of the code under test: ``ml_dtypes.finfo`` / ``np.finfo``
 for the figures, ml_dtypes' own decoding of raw bit patterns for ``decode``, and a census of
@@ -13,9 +13,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fmtcli.errors import UnknownFormatError, UsageError
-from fmtcli.formats import REGISTRY, FormatSpec, Specials, get_format, parse_custom, resolve_format
-from fmtcli.rounding import all_values, decode
+from fmtcli.base.errors import UnknownFormatError, UsageError
+from fmtcli.numerics.formats import (
+    REGISTRY,
+    FormatSpec,
+    Specials,
+    get_format,
+    parse_custom,
+    resolve_format,
+)
+from fmtcli.numerics.rounding import all_values, decode
 
 ML_FORMATS = sorted(name for name, spec in REGISTRY.items() if spec.ml_dtype is not None)
 SMALL_REGISTERED = sorted(name for name, spec in REGISTRY.items() if spec.bits <= 16)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from fmtcli import get_format, round_to_format
-from fmtcli.rounding import all_values
+from fmtcli.numerics.rounding import all_values
 
 gfloat = pytest.importorskip("gfloat")
 formats = pytest.importorskip("gfloat.formats")
@@ -142,9 +142,9 @@ def mx_blocks(seed=0) -> np.ndarray:
 def test_mx_blocks_agree_with_gfloat(recipe, mode, tmp_path):
     """fmt quantize --recipe mx* (E8M0 floor scale per block of 32, saturation) gives the
     values gfloat's quantize_block gives with its compute_scale_amax (the OCP MX rule)."""
+    from fmtcli.inputs.tensors import TensorSource
+    from fmtcli.numerics.schemes import build_scheme
     from fmtcli.quantize import quantize
-    from fmtcli.schemes import build_scheme
-    from fmtcli.tensors import TensorSource
 
     x = mx_blocks()
     fmt, info = MX[recipe]

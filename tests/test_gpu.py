@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from fmtcli import get_format
+from fmtcli.engine.results import SchemeStats
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.rounding import round_to_format
+from fmtcli.numerics.scaling import amax_to_scale
+from fmtcli.numerics.schemes import Granularity, build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.quantize.metrics import FINITE_BINS, ErrorAccumulator
-from fmtcli.quantize.results import SchemeStats
-from fmtcli.rounding import round_to_format
-from fmtcli.scaling import amax_to_scale
-from fmtcli.schemes import Granularity, build_scheme
-from fmtcli.tensors import TensorSource
+from fmtcli.streaming.metrics import FINITE_BINS, ErrorAccumulator
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -46,7 +46,7 @@ def cpu_and_gpu(data, scheme, dtype="float32"):
     array = data.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else data.astype(dtype)
     source = TensorSource("t", None, data.shape, dtype, lambda: array)
     cpu = quantize([source], [scheme], workers=1).tensors[0].schemes[0]
-    from fmtcli.quantize.cuda_kernel import quantize_blocks_cuda
+    from fmtcli.engine.cuda_kernel import quantize_blocks_cuda
 
     if dtype == "bfloat16":
         x = torch.from_numpy(array.view(np.int16)).cuda().view(torch.bfloat16)
@@ -73,7 +73,7 @@ def assert_same(cpu, gpu):
 @pytest.mark.parametrize("block", [1, 4, 32, 128, 1024])
 @pytest.mark.parametrize("name", ["outlier", "nan-inf", "wide", "extreme"])
 def test_cuda_kernel_equals_the_cpu_engine(fmt, block, name):
-    from fmtcli.quantize.cuda_kernel import fast_path_applies
+    from fmtcli.engine.cuda_kernel import fast_path_applies
 
     data = cases()[name]
     scheme = build_scheme(format=get_format(fmt), block=block)
@@ -143,8 +143,8 @@ def test_the_clean_division_is_ieee_division(fmt, n_scales):
     """The kernel's dequantizing division (reciprocal once per block) equals __fdiv_rn for
     every finite value of the format and log-uniform scales over the range it is used in,
     its two ends and the powers of two there; so does its max / amax."""
-    from fmtcli.quantize import cuda_kernel as gpu
-    from fmtcli.rounding import all_values
+    from fmtcli.engine import cuda_kernel as gpu
+    from fmtcli.numerics.rounding import all_values
 
     spec = get_format(fmt)
     lo, hi = gpu.clean_scales(spec)
@@ -165,7 +165,7 @@ def test_the_clean_division_is_ieee_division(fmt, n_scales):
 def mismatches(dividends: np.ndarray, divisors: np.ndarray) -> int:
     """How many of the quotients (every dividend by every divisor) the kernel's division
     gets different from __fdiv_rn."""
-    from fmtcli.quantize import cuda_kernel as gpu
+    from fmtcli.engine import cuda_kernel as gpu
 
     kernel = gpu.compile_kernel(gpu.kernel_source(128, 0, 0) + CHECK_DIVISION, "check_division")
     count = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -209,7 +209,7 @@ def test_the_cli_table_on_cuda(tmp_path):
 def test_auto_sends_large_tensors_to_the_gpu(monkeypatch):
     """--backend auto --device auto: from AUTO_CUDA_ELEMENTS on (lowered here), the schemes
     the kernel takes run on the GPU, the others on the CPU engine; same statistics."""
-    from fmtcli.quantize import cuda as q
+    from fmtcli.engine import cuda as q
 
     data = cases()["outlier"]
     source = TensorSource("t", None, data.shape, "float32", lambda: data)

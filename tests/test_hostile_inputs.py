@@ -22,9 +22,9 @@ import pytest
 from cli_helpers import assert_data_error, invoke, quantize_json
 from oracle import write_safetensors
 
-from fmtcli import npyfile, textparse
-from fmtcli.errors import DataError, Note
-from fmtcli.tensors import load_inputs, load_path
+from fmtcli.base.errors import DataError, Note
+from fmtcli.inputs import npyfile, textparse
+from fmtcli.inputs.tensors import load_inputs, load_path
 
 
 @pytest.fixture(autouse=True)

@@ -23,8 +23,8 @@ from cli_helpers import (
 )
 from safetensors.numpy import load_file, save_file
 
-from fmtcli.formats import get_format
 from fmtcli.kv import analyse_kv, candidate_scale, example_kv, measure
+from fmtcli.numerics.formats import get_format
 
 RNG = np.random.default_rng(61)
 E4M3 = get_format("e4m3fn")

@@ -1,4 +1,4 @@
-"""fmtcli.literals: numbers typed on the command line, parsed exactly into float64."""
+"""fmtcli.numerics.literals: numbers typed on the command line, parsed exactly into float64."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from fmtcli.errors import BadValueError, FmtError, UsageError
-from fmtcli.literals import parse_value, parse_values
+from fmtcli.base.errors import BadValueError, FmtError, UsageError
+from fmtcli.numerics.literals import parse_value, parse_values
 
 SMALLEST_SUBNORMAL = math.ulp(0.0)  # 2**-1074
 HALFWAY_ABOVE_1 = "1.00000000000000011102230246251565404236316680908203125"  # 1 + 2**-53
@@ -217,7 +217,7 @@ def test_hex_below_float64_raises_bad_value_error():
 
 
 def test_huge_decimal_exponent_fails_fast():
-    code = ("from fmtcli.literals import parse_value\n"
+    code = ("from fmtcli.numerics.literals import parse_value\n"
             "try:\n    parse_value('1e99999999')\n"
             "except Exception as e:\n    print(type(e).__name__)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

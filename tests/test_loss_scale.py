@@ -1,7 +1,7 @@
 """``fmt scale-search --loss-scale``: the loss-scale sweep 2**0 .. 2**32 over gradients.
 
 The counts are checked against a direct count: round (g * S) in float32 to the format with
-``fmtcli.rounding.round_to_format`` for every S and count zeros, subnormals and inf/NaN over
+``fmtcli.numerics.rounding.round_to_format`` for every S and count zeros, subnormals and inf/NaN over
 the nonzero finite gradients.  The GradScaler figures are checked against a small simulation
 of torch.amp.GradScaler's update rule written here.
 """
@@ -23,9 +23,9 @@ from cli_helpers import (
 )
 from inputs import INPUT_KINDS, save, write_input
 
-from fmtcli.formats import get_format
-from fmtcli.lossscale import example_gradients
-from fmtcli.rounding import round_to_format
+from fmtcli.loss_scale import example_gradients
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.rounding import round_to_format
 
 EXPONENTS = list(range(33))
 ROW_KEYS = {"scale", "log2_scale", "flushed", "flushed_fraction", "subnormal",

@@ -21,10 +21,10 @@ from cli_helpers import invoke, json_of, run_fmt, strict_loads
 from oracle import assert_matches_reference, ref_quantize
 from peer_behaviour import sum_order
 
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.schemes import build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.quantize.stream import KERNEL_AXIS, matrix_shape, short_rows_text
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import TensorSource
+from fmtcli.streaming.stream import KERNEL_AXIS, matrix_shape, short_rows_text
 
 #: docs/quantize.md's table, and the edges of the rule
 VIEWS = [
@@ -201,7 +201,7 @@ def test_short_rows_of_tiles_and_of_blocks_down_the_columns():
     assert short_rows_text(sources, [build_scheme(block=8, axis=0)]) is None
     assert "fewer than a block of 16" in short_rows_text(sources,
                                                          [build_scheme(block=16, axis=0)])
-    from fmtcli.schemes import Granularity
+    from fmtcli.numerics.schemes import Granularity
 
     assert short_rows_text(sources, [build_scheme(per=Granularity.ROW)]) is None
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fmtcli.choices import Granularity, Product, ScaleRule
-from fmtcli.scalesearch import _evaluate, _mse_values
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import TensorSource
+from fmtcli.base.choices import Granularity, Product, ScaleRule
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.schemes import build_scheme
+from fmtcli.scale_search import _evaluate, _mse_values
 
 
 def source(x, key=None):

@@ -1,4 +1,4 @@
-"""The compiled chunk kernel (``fmtcli/quantize/_native.c``) against the numpy path.
+"""The compiled chunk kernel (``fmtcli/numerics/_native.c``) against the numpy path.
 
 The two must give the same statistics to the bit.  Engine level: the same ``quantize`` run
 with the compiled kernel and with ``FMTCLI_KERNEL=numpy``, compared field for field (the JSON
@@ -31,14 +31,18 @@ import pytest
 from inputs import facenet_weights
 from oracle import write_safetensors
 
-from fmtcli.choices import Granularity
-from fmtcli.formats import get_format
-from fmtcli.quantize import chunk, engine, metrics, native, quantize
-from fmtcli.quantize.parallel import run_tasks, shared_array
-from fmtcli.rounding import OverflowPolicy, round_float32_nearest_even
-from fmtcli.scaling import ScaleRule
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import TensorSource, load_path
+from fmtcli.base.choices import Granularity
+from fmtcli.engine import chunk
+from fmtcli.engine import run as engine
+from fmtcli.inputs.tensors import TensorSource, load_path
+from fmtcli.numerics import native
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.rounding import OverflowPolicy, round_float32_nearest_even
+from fmtcli.numerics.scaling import ScaleRule
+from fmtcli.numerics.schemes import build_scheme
+from fmtcli.quantize import quantize
+from fmtcli.streaming import metrics
+from fmtcli.streaming.parallel import run_tasks, shared_array
 
 ENV = native.ENV
 E4M3, E5M2 = get_format("float8_e4m3fn"), get_format("float8_e5m2")
@@ -959,7 +963,7 @@ def test_the_extension_is_built_where_it_is_required():
     and built from the current ``_native.c`` (a stale build would test old code)."""
     if os.environ.get("FMTCLI_REQUIRE_NATIVE", "").strip() != "1":
         pytest.skip("FMTCLI_REQUIRE_NATIVE=1 is not set")
-    assert native.built(), "fmtcli.quantize._native is not built: pip install -e ."
+    assert native.built(), "fmtcli.numerics._native is not built: pip install -e ."
     c_source = Path(chunk.__file__).with_name("_native.c")
     built = Path(native._compiled.__file__)
     assert built.stat().st_mtime >= c_source.stat().st_mtime, (

@@ -15,10 +15,12 @@ import numpy as np
 import peer_behaviour as peer
 import pytest
 
-from fmtcli.formats import get_format
-from fmtcli.quantize import blocks, chunk, metrics, native
-from fmtcli.quantize.results import DISTINCT_CAP, ScaleSummary, distinct
-from fmtcli.scaling import ScaleRule, amax_to_scale
+from fmtcli.engine import chunk
+from fmtcli.engine.results import DISTINCT_CAP, ScaleSummary, distinct
+from fmtcli.numerics import native
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.scaling import ScaleRule, amax_to_scale
+from fmtcli.streaming import blocks, metrics
 
 E4M3 = get_format("float8_e4m3fn")
 KINDS = {"bfloat16": (ml_dtypes.bfloat16, 1), "float16": (np.float16, 2)}
@@ -178,7 +180,7 @@ def test_amax_scales_is_amax_to_scale_to_the_bit(kernel, margin):
 
 @pytest.mark.parametrize("margin", [0, 1.5])
 def test_scales_for_takes_the_compiled_rule_where_it_applies(kernel, monkeypatch, margin):
-    from fmtcli.schemes import build_scheme
+    from fmtcli.numerics.schemes import build_scheme
 
     amax = np.abs(np.random.default_rng(1).standard_normal((4, 2))).astype(np.float32)
     amax[0, 0], amax[1, 1] = 0, np.inf
@@ -317,9 +319,9 @@ def test_every_kind_takes_the_native_path_from_a_file(kernel, name, tmp_path, mo
     """A .npy of float32, bfloat16 or float16 (native byte order) is quantized by the
     compiled kernel, its chunks read as stored (ml_dtypes 0.7.0's bfloat16 included: the
     kind is told by the type object, not by a name or a character code)."""
+    from fmtcli.inputs.tensors import load_path
+    from fmtcli.numerics.schemes import build_scheme
     from fmtcli.quantize import quantize
-    from fmtcli.schemes import build_scheme
-    from fmtcli.tensors import load_path
 
     dtype, kind = KINDS.get(name, (np.float32, 0))
     path = tmp_path / f"{name}.npy"

@@ -16,9 +16,9 @@ import pytest
 from cli_helpers import json_of
 from oracle import REL_RES, assert_quantile, ref_quantize, tiles
 
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.schemes import build_scheme, comparison_schemes
 from fmtcli.quantize import quantize
-from fmtcli.schemes import build_scheme, comparison_schemes
-from fmtcli.tensors import TensorSource
 
 
 def outside_median(tensors: list[np.ndarray], tile: tuple[int, int]) -> float:

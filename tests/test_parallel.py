@@ -9,12 +9,13 @@ import os
 import numpy as np
 import pytest
 
-from fmtcli.choices import Granularity
-from fmtcli.errors import DataError
-from fmtcli.quantize import engine, quantize
-from fmtcli.quantize.parallel import run_tasks, shared_array
-from fmtcli.schemes import build_scheme
-from fmtcli.tensors import TensorSource
+from fmtcli.base.choices import Granularity
+from fmtcli.base.errors import DataError
+from fmtcli.engine import run as engine
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.schemes import build_scheme
+from fmtcli.quantize import quantize
+from fmtcli.streaming.parallel import run_tasks, shared_array
 
 
 def source(x):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fmtcli import get_format, round_to_format
-from fmtcli.formats import Specials
+from fmtcli.numerics.formats import Specials
 
 gfloat = pytest.importorskip("gfloat")
 gtypes = pytest.importorskip("gfloat.types")
@@ -123,10 +123,10 @@ def test_quantize_formats_past_float32(name, rule, tmp_path):
     cannot map amax onto max, so amax lands on 2**127 (amax rule); x_q is what gfloat gives
     for the float32 product, divided back.  Before: float32(max) was inf, every scale
     clamped to 3.4e38, every product rounded to 2**128 = inf: RMSE inf on plain data."""
+    from fmtcli.inputs.tensors import TensorSource
+    from fmtcli.numerics.scaling import ScaleRule
+    from fmtcli.numerics.schemes import build_scheme
     from fmtcli.quantize import quantize
-    from fmtcli.scaling import ScaleRule
-    from fmtcli.schemes import build_scheme
-    from fmtcli.tensors import TensorSource
 
     spec = get_format(name)
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
@@ -176,7 +176,7 @@ def test_mx_even_scale_near_float32_max(name):
     1.76 * 2**127 rounds to 2**128) gives decode scale 2**(128 - emax_elem), as torchao's
     EVEN mode.  Before, the carry made the float32 pattern inf, floor(log2) read -1, and
     the scale 2**(1 + emax) sent 3e38 to inf, saturated: x_q = 0.75."""
-    from fmtcli.scaling import amax_to_scale, emax_elem
+    from fmtcli.numerics.scaling import amax_to_scale, emax_elem
 
     spec = get_format(name)
     rng = np.random.default_rng(3)
@@ -194,10 +194,10 @@ def test_mxfp4_even_block_with_a_value_near_float32_max(tmp_path):
     """The block [3e38, -0.0754, 1, ...] under mxfp4 + mx-even: decode scale 2**126, so
     3e38 / 2**126 = 3.53 -> 4 and x_q = 2**128, which float32 writes as inf (torchao's
     decoded value is 2**128 too); the small values flush to 0 as in torchao."""
+    from fmtcli.inputs.tensors import TensorSource
+    from fmtcli.numerics.scaling import ScaleRule
+    from fmtcli.numerics.schemes import build_scheme
     from fmtcli.quantize import quantize
-    from fmtcli.scaling import ScaleRule
-    from fmtcli.schemes import build_scheme
-    from fmtcli.tensors import TensorSource
 
     x = np.zeros((1, 32), np.float32)
     x[0, :3] = 3e38, -0.0754, 1.0

@@ -36,8 +36,8 @@ from oracle import (
     write_safetensors,
 )
 
-from fmtcli.schemes import RECIPES
-from fmtcli.tensors import example_tensor
+from fmtcli.inputs.tensors import example_tensor
+from fmtcli.numerics.schemes import RECIPES
 
 BIG = 10 ** 9
 STAT_KEYS = {"granularity", "block", "scale_rule", "flushed_fraction", "median_rel_error",
@@ -591,7 +591,7 @@ def test_stochastic_rounding_does_not_depend_on_the_chunk_size(matrix):
 def test_scales_cell_without_a_distinct_count():
     """The CUDA path does not count distinct scales: the table says how many scales and
     their range, and no distinct figure (it once crashed formatting None)."""
-    from fmtcli.quantize.results import ScaleStats
+    from fmtcli.engine.results import ScaleStats
     from fmtcli.render import _scales_text
 
     base = {"count": 4096, "min": 0.5, "max": 8.0, "nan": 0}

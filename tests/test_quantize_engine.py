@@ -26,11 +26,11 @@ from oracle import (
     ref_quantize,
 )
 
-from fmtcli.errors import DataError
+from fmtcli.base.errors import DataError
+from fmtcli.inputs.tensors import TensorSource, load_inputs
+from fmtcli.numerics.scaling import ScaleRule
+from fmtcli.numerics.schemes import Granularity, build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.scaling import ScaleRule
-from fmtcli.schemes import Granularity, build_scheme
-from fmtcli.tensors import TensorSource, load_inputs
 
 BIG = 10 ** 9
 T = Granularity.TENSOR
@@ -68,7 +68,7 @@ def source(x, key=None, name="mem") -> TensorSource:
 
 
 def scheme_of(kwargs, fmt):
-    from fmtcli.formats import get_format
+    from fmtcli.numerics.formats import get_format
 
     if fmt != "float8_e4m3fn" and "recipe" not in kwargs:
         kwargs = dict(kwargs, format=get_format(fmt))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fmtcli.backends import Backend, Device
-from fmtcli.quantize import cuda, cuda_kernel, torch_cuda
-from fmtcli.schemes import Granularity, build_scheme
-from fmtcli.tensors import TensorSource
+from fmtcli.engine import cuda, cuda_kernel, torch_cuda
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.backends import Backend, Device
+from fmtcli.numerics.schemes import Granularity, build_scheme
 
 
 def source(n: int = 1024) -> TensorSource:

@@ -14,9 +14,9 @@ from report_files import TROUBLE, bert_like
 
 from fmtcli import render
 from fmtcli.cli import quantize as quantize_cli
-from fmtcli.csvout import FIELDS, cell
-from fmtcli.plaintable import dotted_lines, split_at_index
-from fmtcli.quantize.ranking import METRICS, worst_tensors
+from fmtcli.engine.ranking import METRICS, worst_tensors
+from fmtcli.render.csvout import FIELDS, cell
+from fmtcli.render.plaintable import dotted_lines, split_at_index
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +64,9 @@ def test_the_worst_tensor_leads_and_top_limits(bert):
 
 
 def test_sort_orders_by_each_metric(bert):
+    from fmtcli.inputs.tensors import load_inputs
+    from fmtcli.numerics.schemes import build_scheme
     from fmtcli.quantize import quantize
-    from fmtcli.schemes import build_scheme
-    from fmtcli.tensors import load_inputs
 
     result = quantize(load_inputs([str(bert)], None), [build_scheme(block=128)])
     tensors = result.quantized
@@ -85,7 +85,7 @@ def test_sort_orders_by_each_metric(bert):
 def test_nan_sorts_last():
     from types import SimpleNamespace
 
-    from fmtcli.quantize.ranking import badness
+    from fmtcli.engine.ranking import badness
 
     def stats(sqnr):
         return SimpleNamespace(sqnr_db=sqnr, flushed_fraction=0.0, p99_rel_error=0.01,

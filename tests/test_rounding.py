@@ -1,4 +1,4 @@
-"""Tests of fmtcli.rounding.
+"""Tests of fmtcli.numerics.rounding.
 
 Three independent references:
 - ml_dtypes' casts, bit for bit, on every float16 and bfloat16 pattern, a million random float32
@@ -30,9 +30,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fmtcli.errors import UsageError
-from fmtcli.formats import REGISTRY, FormatSpec, parse_custom
-from fmtcli.rounding import (
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import REGISTRY, FormatSpec, parse_custom
+from fmtcli.numerics.rounding import (
     OverflowPolicy,
     RoundingMode,
     all_values,
@@ -975,7 +975,7 @@ def test_a_signalling_nan_widened_for_a_wide_format_warns_nothing():
     a signalling NaN among it raised numpy's 'invalid value encountered in cast'."""
     import warnings
 
-    from fmtcli.formats import get_format
+    from fmtcli.numerics.formats import get_format
 
     x = np.array([1.0, 0.0, 0.0], np.float32)
     x.view(np.uint32)[1] = 0x7F800001  # a signalling NaN

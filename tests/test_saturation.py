@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from cli_helpers import json_of
 
-from fmtcli.formats import get_format
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.scaling import ScaleRule
+from fmtcli.numerics.schemes import Granularity, build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.scaling import ScaleRule
-from fmtcli.schemes import Granularity, build_scheme
-from fmtcli.tensors import TensorSource
 
 # name -> (max, exponent of max's binade, mantissa bits, has inf, has NaN)
 FORMATS = {

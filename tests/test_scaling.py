@@ -1,4 +1,4 @@
-"""Scale rules (``fmtcli.scaling.amax_to_scale``) and NVFP4's two-level scales.
+"""Scale rules (``fmtcli.numerics.scaling.amax_to_scale``) and NVFP4's two-level scales.
 
 Direction everywhere: ``x_q = cast(x * scale) / scale``.  Expected values are worked out by
 hand from the rules as published (Transformer Engine / torchao amax scaling, OCP MX v1.0
@@ -23,12 +23,12 @@ from oracle import (
     ref_scale,
 )
 
-from fmtcli.errors import UsageError
-from fmtcli.formats import get_format
+from fmtcli.base.errors import UsageError
+from fmtcli.inputs.tensors import TensorSource
+from fmtcli.numerics.formats import get_format
+from fmtcli.numerics.scaling import ScaleRule, amax_to_scale
+from fmtcli.numerics.schemes import Granularity, ScaleFormat, build_scheme
 from fmtcli.quantize import quantize
-from fmtcli.scaling import ScaleRule, amax_to_scale
-from fmtcli.schemes import Granularity, ScaleFormat, build_scheme
-from fmtcli.tensors import TensorSource
 
 E4M3 = get_format("float8_e4m3fn")
 FP4 = get_format("float4_e2m1fn")

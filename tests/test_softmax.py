@@ -31,7 +31,7 @@ from cli_helpers import (
 )
 
 from fmtcli.attention import online_softmax, random_inputs, read_numbers, softmax_reference
-from fmtcli.errors import DataError, UsageError
+from fmtcli.base.errors import DataError, UsageError
 
 ARTICLE = (["--scores", "1,3,2,0", "--values", "10,20,30,40", "--block", "2"])
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -280,9 +280,9 @@ def test_thousands_of_blocks_are_drawn_line_by_line():
     """--all-blocks of 65,536 blocks ran past 10 minutes in rich's layout: above
     render.PLAIN_ROWS rows the trace has one-line headers and its title and caption apart,
     so render.Fit draws it line by line (plaintable), every row, within 80 columns."""
-    from fmtcli.plaintable import is_plain
     from fmtcli.render import PLAIN_ROWS
-    from fmtcli.render_softmax import _trace_table
+    from fmtcli.render.plaintable import is_plain
+    from fmtcli.render.softmax import _trace_table
 
     keys = PLAIN_ROWS + 5
     out = table(80, "--random", str(keys), "--block", "1", "--all-blocks")

@@ -1,4 +1,4 @@
-"""Start-up: the parser is built from ``fmtcli.choices`` alone, so ``fmt --version`` and
+"""Start-up: the parser is built from ``fmtcli.base.choices`` alone, so ``fmt --version`` and
 ``fmt --help`` load neither numpy nor ml_dtypes; each command loads its own modules.
 (Timing is in benchmarks/bench_startup.py; these tests check what is imported.)"""
 
@@ -17,7 +17,7 @@ try:
     main()
 except SystemExit:
     pass
-heavy = sorted(m for m in ("numpy", "ml_dtypes", "rich", "fmtcli.rounding", "fmtcli.quantize")
+heavy = sorted(m for m in ("numpy", "ml_dtypes", "rich", "fmtcli.numerics.rounding", "fmtcli.quantize")
                if m in sys.modules)
 print("LOADED", ",".join(heavy), file=sys.stderr)
 """
@@ -55,8 +55,8 @@ def test_the_version_is_the_installed_distribution_s():
 
 
 def test_the_parser_s_recipe_names_are_the_recipes():
-    from fmtcli.choices import RECIPE_NAMES
-    from fmtcli.schemes import RECIPES
+    from fmtcli.base.choices import RECIPE_NAMES
+    from fmtcli.numerics.schemes import RECIPES
 
     assert RECIPE_NAMES == tuple(RECIPES)
 
@@ -87,7 +87,7 @@ def test_every_renderer_names_a_real_result_type():
 
 
 def test_drawing_the_range_table_loads_no_engine():
-    assert not {"fmtcli.quantize", "fmtcli.rounding"} & loaded("range")
+    assert not {"fmtcli.quantize", "fmtcli.numerics.rounding"} & loaded("range")
 
 
 def test_one_table_of_storage_types_feeds_every_list():
@@ -95,8 +95,10 @@ def test_one_table_of_storage_types_feeds_every_list():
     and the CUDA kernel use views of it, and each name is a real numpy / ml_dtypes dtype."""
     import ml_dtypes
 
-    from fmtcli import backends, dtypes, tensors
-    from fmtcli.quantize import cuda, cuda_kernel, writers
+    from fmtcli.base import dtypes
+    from fmtcli.engine import cuda, cuda_kernel, writers
+    from fmtcli.inputs import tensors
+    from fmtcli.numerics import backends
 
     assert tensors.FLOAT_KINDS is dtypes.FLOAT_NAMES
     assert backends.TORCH_NAMES is dtypes.TORCH_NAMES

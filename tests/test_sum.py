@@ -33,7 +33,7 @@ from fmtcli.arithmetic.ops import arithmetic_spec
 from fmtcli.arithmetic.pairs import add_arrays, pair_adder
 from fmtcli.arithmetic.runs import running_sum
 from fmtcli.arithmetic.summation import sum_values, weight_update
-from fmtcli.rounding import round_to_format
+from fmtcli.numerics.rounding import round_to_format
 
 LISTED = {"bfloat16": "bfloat16", "float16": "float16", "e4m3fn": "float8_e4m3fn",
           "e5m2": "float8_e5m2", "e2m1": "float4_e2m1fn"}

@@ -25,7 +25,7 @@ from cli_helpers import (
 )
 from oracle import assert_matches_reference, heavy_tailed, ref_quantize, write_safetensors
 
-from fmtcli.tensors import load_inputs, load_path
+from fmtcli.inputs.tensors import load_inputs, load_path
 
 EXACT_KEYS = ("count", "nonzero", "flushed", "saturated", "max_abs_error", "median_rel_error",
               "p99_rel_error", "rmse", "sqnr_db", "bias", "scales")
@@ -286,9 +286,9 @@ def test_safetensors_loading_does_not_import_torch(tmp_path):
                              {"b": np.ones((4, 8), ml_dtypes.bfloat16),
                               "f8": np.ones(8, ml_dtypes.float8_e4m3fn)})
     code = ("import sys\n"
-            "from fmtcli.tensors import load_inputs\n"
+            "from fmtcli.inputs.tensors import load_inputs\n"
             "from fmtcli.quantize import quantize\n"
-            "from fmtcli.schemes import build_scheme\n"
+            "from fmtcli.numerics.schemes import build_scheme\n"
             f"sources = load_inputs([{str(path)!r}])\n"
             "quantize(sources, [build_scheme()])\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"

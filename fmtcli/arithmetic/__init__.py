@@ -24,7 +24,7 @@ not import the others.
 
 from __future__ import annotations
 
-from ..lazy import lazy_exports
+from fmtcli.base.lazy import lazy_exports
 
 _EXPORTS = {
     "Arithmetic": "ops", "round_rational": "ops", "round_float": "pairs",

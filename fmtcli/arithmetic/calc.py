@@ -25,18 +25,12 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..choices import RoundingMode
-from ..errors import UsageError
-from ..formats import FormatSpec
-from .expression import (
-    Node,
-    check_cost,
-    computed,
-    exact_value,
-    parse_expression,
-)
-from .ops import Arithmetic, arithmetic_spec, format_label
-from .ratio import Ratio, ratio_text, relative
+from fmtcli.arithmetic.expression import Node, check_cost, computed, exact_value, parse_expression
+from fmtcli.arithmetic.ops import Arithmetic, arithmetic_spec, format_label
+from fmtcli.arithmetic.ratio import Ratio, ratio_text, relative
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import FormatSpec
 
 Number = Ratio | Fraction | float
 

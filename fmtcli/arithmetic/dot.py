@@ -56,11 +56,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..choices import AccumulationRounding, OverflowPolicy, RoundingMode
-from ..errors import DataError, UsageError, shown
-from ..formats import FormatSpec
-from ..rounding import round_to_format
-from ..scaling import amax_to_scale
+from fmtcli.base.choices import AccumulationRounding, OverflowPolicy, RoundingMode
+from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.rounding import round_to_format
+from fmtcli.numerics.scaling import amax_to_scale
 
 #: Products added in one fused step: the K of one Hopper FP8 wgmma (m64nNk32).
 GROUP = 32
@@ -239,7 +239,7 @@ def random_operands(m: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, 
 def load_operands(paths: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """A and B (float64, 2-D) from two files, or from one file holding two tensors (named
     a and b, else in the file's order); their names."""
-    from ..tensors import load_inputs
+    from fmtcli.inputs.tensors import load_inputs
 
     sources = [s for s in load_inputs(paths) if s.skipped is None]
     if len(paths) == 1:  # tensors named a and b are A and B, whatever else the file holds
@@ -553,7 +553,7 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
         check_size(m, n, k, group, promote_every)
         seed = None
     if device == "cuda":  # before minutes of emulation: is there a GPU at all?
-        from .dot_cuda import cuda_torch
+        from fmtcli.arithmetic.dot_cuda import cuda_torch
 
         cuda_torch()
     qa, qb = quantize_operands(a, b, spec, kind, block)
@@ -569,7 +569,7 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
                   vs_quantized=error_figures(c, reference_q),
                   vs_unquantized=error_figures(c, reference))
     if device == "cuda":
-        from .dot_cuda import run_scaled_mm
+        from fmtcli.arithmetic.dot_cuda import run_scaled_mm
 
         gpu, version, runs = run_scaled_mm(qa, qb, spec, kind, reference_q, reference, c)
         result.update(gpu=gpu, torch_version=version, gpu_runs=tuple(runs))

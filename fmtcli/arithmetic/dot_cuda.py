@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import UsageError
-from .dot import GpuRun, Operand, error_figures
+from fmtcli.arithmetic.dot import GpuRun, Operand, error_figures
+from fmtcli.base.errors import UsageError
 
 #: FP8 formats torch has dtypes (and _scaled_mm kernels) for.
 TORCH_FP8 = ("float8_e4m3fn", "float8_e5m2")

@@ -15,10 +15,10 @@ import re
 import unicodedata
 from dataclasses import dataclass, replace
 
-from ..errors import BadValueError, UsageError, shown
-from ..literals import parse_exact
-from .ops import REFERENCE_BITS
-from .ratio import Ratio, sqrt_ratio, work
+from fmtcli.arithmetic.ops import REFERENCE_BITS
+from fmtcli.arithmetic.ratio import Ratio, sqrt_ratio, work
+from fmtcli.base.errors import BadValueError, UsageError, shown
+from fmtcli.numerics.literals import parse_exact
 
 MAX_LENGTH = 2000  # characters of an expression
 MAX_OPERATIONS = 500  # operations and literals (each is a step of the trace)

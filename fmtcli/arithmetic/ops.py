@@ -38,11 +38,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..choices import OverflowPolicy, RoundingMode
-from ..errors import UsageError, shown
-from ..formats import FormatSpec, Specials, resolve_format
-from ..rounding import round_to_format
-from .pairs import finish, overflow_value
+from fmtcli.arithmetic.pairs import finish, overflow_value
+from fmtcli.base.choices import OverflowPolicy, RoundingMode
+from fmtcli.base.errors import UsageError, shown
+from fmtcli.numerics.formats import FormatSpec, Specials, resolve_format
+from fmtcli.numerics.rounding import round_to_format
 
 FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
 #: Bits of the square roots in "exact" references (a square root is rarely rational).

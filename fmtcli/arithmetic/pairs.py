@@ -33,10 +33,10 @@ import math
 
 import numpy as np
 
-from ..choices import OverflowPolicy, RoundingMode
-from ..errors import UsageError
-from ..formats import FormatSpec
-from ..rounding import round_to_format
+from fmtcli.base.choices import OverflowPolicy, RoundingMode
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.rounding import round_to_format
 
 
 def overflow_value(spec: FormatSpec, rounding: RoundingMode, overflow: OverflowPolicy,

@@ -31,9 +31,9 @@ import math
 
 import numpy as np
 
-from ..choices import RoundingMode
-from ..formats import FormatSpec
-from .pairs import pair_adder
+from fmtcli.arithmetic.pairs import pair_adder
+from fmtcli.base.choices import RoundingMode
+from fmtcli.numerics.formats import FormatSpec
 
 CHUNK = 1 << 16  # values taken from numpy (and uniforms drawn) at a time
 MIN_BLOCK = 64

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from ..errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, UsageError, shown
 
 #: The article's example, ``fmt sum`` with no input: 0.01 added ten thousand times.
 DEFAULT_CONSTANT = "0.01"
@@ -65,7 +65,7 @@ def check_count(n: int, name: str) -> None:
 
 
 def _read_file(path: str) -> tuple[np.ndarray, str]:
-    from ..tensors import load_path
+    from fmtcli.inputs.tensors import load_path
 
     if os.path.isdir(path):
         raise DataError(f"{shown(path)} is a directory (give one file)")

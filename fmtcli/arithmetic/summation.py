@@ -54,15 +54,21 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..choices import RoundingMode
-from ..errors import UsageError
-from ..formats import FormatSpec
-from ..rounding import round_to_format
-from . import exactsum
-from .ops import arithmetic_spec, format_label, is_float64
-from .pairs import add_arrays, pair_adder
-from .runs import running_sum
-from .sum_inputs import DEFAULT_COUNT, MAX_VALUES, check_count, parse_order, short_number
+from fmtcli.arithmetic import exactsum
+from fmtcli.arithmetic.ops import arithmetic_spec, format_label, is_float64
+from fmtcli.arithmetic.pairs import add_arrays, pair_adder
+from fmtcli.arithmetic.runs import running_sum
+from fmtcli.arithmetic.sum_inputs import (
+    DEFAULT_COUNT,
+    MAX_VALUES,
+    check_count,
+    parse_order,
+    short_number,
+)
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.rounding import round_to_format
 
 DEFAULT_ACCUMULATORS = ("bfloat16", "float16", "float32", "float64")
 MAX_LOOP = 2_000_000  # values a Python loop adds (~1 µs each per accumulator)

@@ -17,13 +17,12 @@ this package does not import the others.
 
 from __future__ import annotations
 
-from ..lazy import lazy_exports
-
 # io_model is also a module's name: importing the module (as fmt attention does) sets the
 # package's attribute io_model to the module, and the lazy lookup below is never asked.
 # The function is bound here instead (io_model.py imports only the standard library,
-# fmtcli.errors and .limits)..
-from .io_model import io_model as io_model
+# fmtcli.base.errors and .limits)..
+from fmtcli.attention.io_model import io_model as io_model
+from fmtcli.base.lazy import lazy_exports
 
 _EXPORTS = {
     "SoftmaxBlock": "softmax", "SoftmaxTrace": "softmax", "online_softmax": "softmax",

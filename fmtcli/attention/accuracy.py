@@ -42,18 +42,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..choices import Granularity, OverflowPolicy, RoundingMode
-from ..errors import DataError, UsageError
-from ..formats import FormatSpec, get_format
-from ..rounding import round_to_format
-from ..scaling import amax_to_scale
-from .ranges import (
+from fmtcli.attention.ranges import (
     check_float32_range,
     check_scores,
     first_flagged,
     is_narrow,
     overflowed,
 )
+from fmtcli.base.choices import Granularity, OverflowPolicy, RoundingMode
+from fmtcli.base.errors import DataError, UsageError
+from fmtcli.numerics.formats import FormatSpec, get_format
+from fmtcli.numerics.rounding import round_to_format
+from fmtcli.numerics.scaling import amax_to_scale
 
 #: Temporaries of one group of heads stay near this many elements (float32: 128 MiB).
 CHUNK_ELEMENTS = 1 << 25

@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from ..formats import FormatSpec
-from ..rounding import magic_rounding_applies
-from .accuracy import CHUNK_ELEMENTS
-from .ranges import is_narrow
+from fmtcli.attention.accuracy import CHUNK_ELEMENTS
+from fmtcli.attention.ranges import is_narrow
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.rounding import magic_rounding_applies
 
 #: The most a run may be estimated to take on two cores, and to hold.
 SECONDS = 60.0

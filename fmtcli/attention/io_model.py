@@ -30,8 +30,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from .limits import IO_LIMITS
+from fmtcli.attention.limits import IO_LIMITS
+from fmtcli.base.errors import UsageError
 
 #: The default on-chip memory: the GPU of the paper's Fig. 2.  Dao et al. 2022 §2.1 give the
 #: A100 "192KB of on-chip SRAM per each of 108 streaming multiprocessors".

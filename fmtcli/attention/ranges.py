@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from ..errors import DataError
-from ..formats import FormatSpec, get_format
+from fmtcli.base.errors import DataError
+from fmtcli.numerics.formats import FormatSpec, get_format
 
 F32_MAX = float(np.finfo(np.float32).max)
 #: The smallest magnitude that a cast to float32 (nearest-even) makes inf: max + ulp / 2.

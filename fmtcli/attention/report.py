@@ -11,20 +11,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..choices import Granularity
-from ..errors import DataError, UsageError, shown
-from ..formats import FormatSpec
-from .accuracy import (
+from fmtcli.attention.accuracy import (
     AccuracyRow,
     attention_accuracy,
     check_format,
     random_qkv,
     reference_attention,
 )
-from .budget import BASE_BYTES, BYTES, ELEMENT_BYTES, check_budget
-from .io_model import IoModel, io_model
-from .ranges import check_float32_range, check_scores
-from .timing import TimingRow
+from fmtcli.attention.budget import BASE_BYTES, BYTES, ELEMENT_BYTES, check_budget
+from fmtcli.attention.io_model import IoModel, io_model
+from fmtcli.attention.ranges import check_float32_range, check_scores
+from fmtcli.attention.timing import TimingRow
+from fmtcli.base.choices import Granularity
+from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.numerics.formats import FormatSpec
 
 QKV_NAMES = ({"q", "query"}, {"k", "key"}, {"v", "value"})
 
@@ -95,7 +95,7 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, tupl
     """Q, K, V as float64 (batch, heads, seq, dim) arrays from three files (in that order) or
     one file of three tensors (named q/k/v or query/key/value, else in the file's order);
     their names.  K and V must have the same shape, Q the same batch, heads and dim."""
-    from ..tensors import load_inputs
+    from fmtcli.inputs.tensors import load_inputs
 
     sources = [s for s in load_inputs(paths) if s.skipped is None]
     if len(sources) != 3:
@@ -166,7 +166,7 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
     check_budget(batch, heads, seq, seq_k, dim, spec, block_k,
                  tensor_scales=granularity is Granularity.TENSOR)
     if time:  # fail before the CPU work when there is no GPU to time on
-        from .timing import TORCH_DTYPES, cuda_torch
+        from fmtcli.attention.timing import TORCH_DTYPES, cuda_torch
 
         if spec.name not in TORCH_DTYPES:
             raise UsageError(f"torch's scaled_dot_product_attention has no {spec.name} "
@@ -190,7 +190,7 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
     timing = None
     gpu = None
     if time:
-        from .timing import device_name, time_sdpa
+        from fmtcli.attention.timing import device_name, time_sdpa
 
         timing = tuple(time_sdpa(q, k, v, spec, ref, causal))
         gpu = device_name()

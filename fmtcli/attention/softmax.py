@@ -58,19 +58,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..choices import RoundingMode
-from ..errors import UsageError
-from ..formats import FormatSpec, resolve_format
-from ..rounding import round_to_format
-from .exact import magnitude as _magnitude
-from .exact import weighted_averages as _weighted_averages
-from .limits import (
+from fmtcli.attention.exact import magnitude as _magnitude
+from fmtcli.attention.exact import weighted_averages as _weighted_averages
+from fmtcli.attention.limits import (
     SOFTMAX_MAX_BLOCK,
     SOFTMAX_MAX_BLOCKS,
     SOFTMAX_MAX_ELEMENTS,
     SOFTMAX_MAX_KEYS,
     SOFTMAX_MAX_TRACE,
 )
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import FormatSpec, resolve_format
+from fmtcli.numerics.rounding import round_to_format
 
 #: The article's worked example: one query, four keys, blocks of two.
 ARTICLE_SCORES = (1.0, 3.0, 2.0, 0.0)

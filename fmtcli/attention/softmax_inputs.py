@@ -7,16 +7,16 @@ import os
 
 import numpy as np
 
-from ..errors import BadValueError, DataError, UsageError, shown
-from ..literals import parse_values
-from ..tensors import SUFFIXES, load_path
-from .softmax import (
+from fmtcli.attention.softmax import (
     ARTICLE_BLOCK,
     ARTICLE_SCORES,
     ARTICLE_VALUES,
     MAX_ELEMENTS,
     MAX_KEYS,
 )
+from fmtcli.base.errors import BadValueError, DataError, UsageError, shown
+from fmtcli.inputs.tensors import SUFFIXES, load_path
+from fmtcli.numerics.literals import parse_values
 
 
 def article_example() -> tuple[tuple[float, ...], tuple[float, ...], int]:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
-from ..formats import FormatSpec
-from .accuracy import error_row
+from fmtcli.attention.accuracy import error_row
+from fmtcli.base.errors import UsageError
+from fmtcli.numerics.formats import FormatSpec
 
 #: torch dtypes SDPA computes in, by fmtcli format name.
 TORCH_DTYPES = ("float32", "float16", "bfloat16")

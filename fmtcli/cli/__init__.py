@@ -10,7 +10,7 @@ prints its result (a rich table, or JSON with ``--json``).
   ``loss_scale``, ``check_backends``, ``softmax``, ``attention``, ``dot``,
   ``compare``, ``kv``): its options, then library calls, then ``emit``.
 
-Only ``fmtcli.choices`` and ``fmtcli.errors`` are imported at start-up; each command
+Only ``fmtcli.base.choices`` and ``fmtcli.base.errors`` are imported at start-up; each command
 imports the library modules it needs when it runs (``fmt --version`` loads no numpy).
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import importlib
 
-from .app import app, main
-from .output import as_options
+from fmtcli.cli.app import app, main
+from fmtcli.cli.output import as_options
 
 #: The command modules; each registers its command on ``app`` when imported, in this order
 #: (the order of ``fmt --help``).

@@ -21,8 +21,8 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from ..errors import FmtError, one_line, shown
-from .output import (
+from fmtcli.base.errors import FmtError, one_line, shown
+from fmtcli.cli.output import (
     _discard_stdout,
     as_options,
     error_line,
@@ -247,7 +247,7 @@ app = FmtTyper(
 
 def version_callback(value: bool) -> None:
     if value:
-        from .. import package_version
+        from fmtcli import package_version
 
         with writing_results():
             typer.echo(f"fmtcli {package_version()}")

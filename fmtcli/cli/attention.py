@@ -7,12 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..attention.limits import IO_LIMITS as LIMITS
-from ..choices import AttentionDevice, ScaleGranularity
-from ..errors import UsageError
-from .app import UsageWithEllipsis, app
-from .options import JsonOption, check_not_empty, resolve_one_format
-from .output import StderrProgress, emit
+from fmtcli.attention.limits import IO_LIMITS as LIMITS
+from fmtcli.base.choices import AttentionDevice, ScaleGranularity
+from fmtcli.base.errors import UsageError
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import JsonOption, check_not_empty, resolve_one_format
+from fmtcli.cli.output import StderrProgress, emit
 
 SEED_MAX = 2**32 - 1
 DEFAULT_SHAPE = {"batch": 1, "heads": 8, "seq": 1024, "dim": 64}
@@ -90,7 +90,7 @@ def attention_command(
     output vector.  The IO model of Dao et al. 2022 (Theorem 2): bytes moved and FLOPs of
     each.  With --device cuda / --time: torch's kernels measured.
     """
-    from ..attention.report import analyse_attention, load_qkv
+    from fmtcli.attention.report import analyse_attention, load_qkv
 
     check_not_empty(format=format_name)
     spec = resolve_one_format(format_name or "float16")
@@ -137,6 +137,6 @@ def attention_command(
 
 
 def granularity_of(choice: ScaleGranularity):
-    from ..choices import Granularity
+    from fmtcli.base.choices import Granularity
 
     return Granularity(choice.value)

@@ -6,11 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import RoundingMode
-from ..errors import UsageError, shown
-from .app import UsageWithEllipsis, app
-from .options import JsonOption, RoundingOption, SeedOption, check_not_empty
-from .output import emit, note
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError, shown
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import JsonOption, RoundingOption, SeedOption, check_not_empty
+from fmtcli.cli.output import emit, note
 
 
 @app.command("calc", cls=UsageWithEllipsis,
@@ -36,8 +36,8 @@ def calc_command(
     """
     if expression.startswith("--") and expression[2:3].isalpha():
         raise UsageError(f"no such option: {shown(expression)}", "see 'fmt calc --help'")
-    from ..arithmetic.calc import DEFAULT_FORMATS, calculate
-    from ..arithmetic.ops import arithmetic_specs
+    from fmtcli.arithmetic.calc import DEFAULT_FORMATS, calculate
+    from fmtcli.arithmetic.ops import arithmetic_specs
 
     check_not_empty(format=format_names)
     specs, notes = arithmetic_specs(format_names, DEFAULT_FORMATS)

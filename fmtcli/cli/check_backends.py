@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import UsageWithEllipsis, app
-from .options import SEED_MAX, JsonOption, resolve_formats
-from .output import emit
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import SEED_MAX, JsonOption, resolve_formats
+from fmtcli.cli.output import emit
 
 
 @app.command("check-backends", cls=UsageWithEllipsis,
@@ -33,9 +33,9 @@ def check_backends_command(
     through float32; E8M0 subnormals and ties), torch's version, and whether fmt quantize's
     compiled kernel was built and is in use (FMTCLI_KERNEL=numpy turns it off).
     """
-    from ..conformance import check_backends
-    from ..formats import REGISTRY
-    from ..quantize import native
+    from fmtcli.check_backends import check_backends
+    from fmtcli.numerics import native
+    from fmtcli.numerics.formats import REGISTRY
 
     names = (formats or []) + (format_names or [])
     specs = resolve_formats(names, ()) if names else list(REGISTRY.values())

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from ..choices import CHUNK_ELEMENTS, SUMMARY_TOP
-from ..errors import shown
-from .app import UsageWithEllipsis, app
-from .options import JsonOption, KeyOption, WorkersOption, check_not_empty
-from .output import SafeStream, StderrProgress, emit, note, writing_results
+from fmtcli.base.choices import CHUNK_ELEMENTS, SUMMARY_TOP
+from fmtcli.base.errors import shown
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import JsonOption, KeyOption, WorkersOption, check_not_empty
+from fmtcli.cli.output import SafeStream, StderrProgress, emit, note, writing_results
 
 LISTED = 8  # names listed in the note about tensors on one side only
 
@@ -58,10 +58,10 @@ def compare_command(
     listed on stderr); shapes (and dtypes, unless --any-dtype) must agree.  More than 8
     tensors: a summary by role, worst (lowest SQNR) first.
     """
-    from ..compare import compare_files
+    from fmtcli.compare import compare_files
 
     if csv_out and json_out:
-        from ..errors import UsageError
+        from fmtcli.base.errors import UsageError
 
         raise UsageError("--csv and --json are alternatives: give one")
     check_not_empty(key=keys)
@@ -84,7 +84,7 @@ def compare_command(
             said.add((info.key, info.skipped))
             note(f"skipped {shown(info.key or info.name)}: {info.skipped}")
     if csv_out:
-        from ..csvout import compare_csv
+        from fmtcli.render.csvout import compare_csv
 
         with writing_results():
             SafeStream(sys.stdout).write(compare_csv(result))

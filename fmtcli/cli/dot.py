@@ -7,11 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import AccumulationRounding, DotDevice
-from ..errors import UsageError
-from .app import UsageWithEllipsis, app
-from .options import JsonOption, check_not_empty, resolve_one_format
-from .output import emit
+from fmtcli.base.choices import AccumulationRounding, DotDevice
+from fmtcli.base.errors import UsageError
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import JsonOption, check_not_empty, resolve_one_format
+from fmtcli.cli.output import emit
 
 SEED_MAX = 2**32 - 1
 DEFAULT_SHAPE = {"m": 256, "n": 256, "k": 4096}
@@ -74,7 +74,7 @@ def dot_command(
     the unquantized ones: max_rel_error = max|C - R| / max|R|, rel_fro_error = ||C - R||_F /
     ||R||_F, calc_diff = 1 - 2 sum(C R) / sum(C^2 + R^2) (DeepGEMM).
     """
-    from ..arithmetic.dot import analyse_dot, load_operands
+    from fmtcli.arithmetic.dot import analyse_dot, load_operands
 
     check_not_empty(**{"format": format_name, "accumulator": accumulator,
                        "scale-granularity": granularity})

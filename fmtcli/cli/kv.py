@@ -6,10 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import UsageError
-from .app import UsageWithEllipsis, app
-from .options import JsonOption, check_not_empty, resolve_one_format
-from .output import StderrProgress, emit, note
+from fmtcli.base.errors import UsageError
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import JsonOption, check_not_empty, resolve_one_format
+from fmtcli.cli.output import StderrProgress, emit, note
 
 FORMATS = ("e4m3fn", "e4m3fnuz", "e5m2")
 
@@ -61,7 +61,14 @@ def kv_command(
     """
     import os
 
-    from ..kv import KV_FORMATS, analyse_kv, example_kv, kv_streams, parse_layout, write_scales
+    from fmtcli.kv import (
+        KV_FORMATS,
+        analyse_kv,
+        example_kv,
+        kv_streams,
+        parse_layout,
+        write_scales,
+    )
 
     check_not_empty(format=format_name, layout=layout, granularity=granularity,
                     candidates=candidates, out=out, k=k_file, v=v_file)
@@ -81,7 +88,7 @@ def kv_command(
         if any(os.path.abspath(out) == os.path.abspath(f) for f in inputs):
             raise UsageError(f"--out {out} is an input")
     if inputs:
-        from ..tensors import load_path
+        from fmtcli.inputs.tensors import load_path
 
         names: dict = {}
         streams = kv_streams([s for f in files for s in load_path(f)], layout,

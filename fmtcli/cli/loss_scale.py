@@ -6,10 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import Backend, Device
-from ..errors import UsageError
-from .app import UsageWithEllipsis, app
-from .options import (
+from fmtcli.base.choices import Backend, Device
+from fmtcli.base.errors import UsageError
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import (
     BackendOption,
     DeviceOption,
     JsonOption,
@@ -19,7 +19,7 @@ from .options import (
     note_skipped,
     resolve_one_format,
 )
-from .output import emit
+from fmtcli.cli.output import emit
 
 
 @app.command("loss-scale", cls=UsageWithEllipsis,
@@ -54,8 +54,8 @@ def loss_scale_command(
 def run_loss_scale(files, format_name, histogram, keys, backend, device, workers,
                    json_out) -> None:
     """``fmt loss-scale`` (and its deprecated spelling ``scale-search --loss-scale``)."""
-    from ..lossscale import example_gradients, sweep_loss_scales
-    from ..tensors import load_inputs
+    from fmtcli.inputs.tensors import load_inputs
+    from fmtcli.loss_scale import example_gradients, sweep_loss_scales
 
     check_not_empty(format=format_name, key=keys)
     if not files and keys:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ..choices import (
+from fmtcli.base.choices import (
     Backend,
     Device,
     Granularity,
@@ -23,12 +23,12 @@ from ..choices import (
     ScaleRule,
     cores_available,
 )
-from ..errors import UsageError, shown
+from fmtcli.base.errors import UsageError, shown
 
 if TYPE_CHECKING:
-    from ..formats import FormatSpec
+    from fmtcli.numerics.formats import FormatSpec
 
-from .output import note
+from fmtcli.cli.output import note
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 CsvOption = Annotated[bool, typer.Option(
@@ -105,7 +105,7 @@ def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[F
     """Specs for the names (each may be a comma list; duplicates dropped, order kept), notes
     for ambiguous names on stderr.  An empty name ('', 'e4m3,') is a usage error, never a
     silent default."""
-    from ..formats import resolve_format
+    from fmtcli.numerics.formats import resolve_format
 
     specs: list[FormatSpec] = []
     for name in names or default:
@@ -208,6 +208,6 @@ def rule_with_value(rule: ScaleRule | None, percentile: float | None,
             rule = wanted
     if fixed_scale is None:
         return rule, None
-    from ..literals import parse_value
+    from fmtcli.numerics.literals import parse_value
 
     return rule, parse_value(fixed_scale)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import typer
 
-from ..errors import DataError, FmtError, one_line
+from fmtcli.base.errors import DataError, FmtError, one_line
 
 
 def show_tracebacks() -> bool:
@@ -254,11 +254,11 @@ def emit(result, json_out: bool, **view) -> None:
     display options that change no number, e.g. the loss-scale histogram)."""
     with writing_results():
         if json_out:
-            from ..jsonsafe import dumps
+            from fmtcli.render.jsonsafe import dumps
 
             typer.echo(dumps(result.to_dict()))
         else:
-            from ..render import render
+            from fmtcli.render import render
 
             stdout_console().print(render(result, **view))
 
@@ -266,7 +266,7 @@ def emit(result, json_out: bool, **view) -> None:
 def emit_csv(result) -> None:
     """A result as CSV on stdout (``csvout.to_csv``: a header row, one row per tensor and
     scheme), written as is: no rich console, no terminal width."""
-    from ..csvout import to_csv
+    from fmtcli.render.csvout import to_csv
 
     with writing_results():
         SafeStream(sys.stdout).write(to_csv(result))

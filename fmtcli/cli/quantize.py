@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import (
+from fmtcli.base.choices import (
     CHUNK_ELEMENTS,
     RECIPE_NAMES,
     SUMMARY_ABOVE,
@@ -19,9 +19,9 @@ from ..choices import (
     RoundingMode,
     ScaleRule,
 )
-from ..errors import UsageError, shown
-from .app import UsageWithEllipsis, app
-from .options import (
+from fmtcli.base.errors import UsageError, shown
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import (
     AxisOption,
     BackendOption,
     BlockOption,
@@ -44,7 +44,7 @@ from .options import (
     resolve_one_format,
     rule_with_value,
 )
-from .output import StderrProgress, emit, emit_csv, note
+from fmtcli.cli.output import StderrProgress, emit, emit_csv, note
 
 MAX_WORST_BLOCKS = 100_000  # a list longer than this is no report (and costs memory)
 
@@ -144,10 +144,10 @@ def quantize_command(
     O x I*kh*kw), float8_e4m3fn, amax scales.  Tensors that are not floating
     point (e.g. int64 position_ids) are skipped with a note on stderr.
     """
-    from ..quantize import quantize
-    from ..quantize.writers import check_not_an_input, check_target
-    from ..schemes import build_scheme, comparison_schemes
-    from ..tensors import example_tensor, load_inputs
+    from fmtcli.engine.writers import check_not_an_input, check_target
+    from fmtcli.inputs.tensors import example_tensor, load_inputs
+    from fmtcli.numerics.schemes import build_scheme, comparison_schemes
+    from fmtcli.quantize import quantize
 
     if csv_out and json_out:
         raise UsageError("--csv and --json are alternatives: give one")
@@ -161,7 +161,7 @@ def quantize_command(
                                overflow=overflow, percentile=percentile, fixed_scale=fixed)
     schemes = comparison_schemes(main_scheme, compare.value)
     if dask is not None:
-        from ..quantize.distributed import check_options, require_distributed
+        from fmtcli.quantize.distributed import check_options, require_distributed
 
         check_options(dask, backend, device, out)
         if workers is not None:
@@ -211,7 +211,7 @@ def quantize_on_dask(sources, schemes, address, **options):
     ``dask`` key of the JSON)."""
     from dataclasses import replace
 
-    from ..quantize.distributed import quantize_on_dask as run
+    from fmtcli.quantize.distributed import quantize_on_dask as run
 
     result, where = run(sources, schemes, address, **options)
     return replace(result, ran_on=where)

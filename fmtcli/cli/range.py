@@ -6,10 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import ARTICLE_FORMATS
-from .app import UsageWithEllipsis, app
-from .options import JsonOption, resolve_formats
-from .output import emit
+from fmtcli.base.choices import ARTICLE_FORMATS
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import JsonOption, resolve_formats
+from fmtcli.cli.output import emit
 
 
 @app.command("range", cls=UsageWithEllipsis,
@@ -22,7 +22,7 @@ def range_command(
     json_out: JsonOption = False,
 ) -> None:
     """Range and precision of formats: max, smallest normal/subnormal, eps, inf/NaN/-0."""
-    from ..formats import REGISTRY, FormatTable
+    from fmtcli.numerics.formats import REGISTRY, FormatTable
 
     if all_formats:
         specs = list(REGISTRY.values())

@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import HISTORY, Backend, Device, Metric, Product
-from ..errors import UsageError
-from .app import UsageWithEllipsis, app
-from .options import (
+from fmtcli.base.choices import HISTORY, Backend, Device, Metric, Product
+from fmtcli.base.errors import UsageError
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import (
     AxisOption,
     BackendOption,
     BlockOption,
@@ -27,7 +27,7 @@ from .options import (
     note_skipped,
     resolve_one_format,
 )
-from .output import emit, note
+from fmtcli.cli.output import emit, note
 
 
 @app.command("scale-search", cls=UsageWithEllipsis,
@@ -89,15 +89,15 @@ def scale_search_command(
         if given:
             raise UsageError(f"{', '.join(given)} do not apply to --loss-scale (it sweeps one "
                              "scale for all gradients)")
-        from .loss_scale import run_loss_scale
+        from fmtcli.cli.loss_scale import run_loss_scale
 
         note("'fmt scale-search --loss-scale' is deprecated: use 'fmt loss-scale' (same "
              "options and output)")
         run_loss_scale(files, format_name, histogram, keys, backend, device, workers, json_out)
         return
-    from ..scalesearch import search_scales
-    from ..schemes import build_scheme
-    from ..tensors import example_tensor, load_inputs
+    from fmtcli.inputs.tensors import example_tensor, load_inputs
+    from fmtcli.numerics.schemes import build_scheme
+    from fmtcli.scale_search import search_scales
 
     if block is None and tile is None and per is None:
         per = Per.TENSOR

@@ -6,12 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..attention.limits import SOFTMAX_MAX_ELEMENTS, SOFTMAX_MAX_KEYS
-from ..choices import RoundingMode
-from ..errors import UsageError, shown
-from .app import app
-from .options import JsonOption, RoundingOption, check_not_empty
-from .output import emit, note
+from fmtcli.attention.limits import SOFTMAX_MAX_ELEMENTS, SOFTMAX_MAX_KEYS
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError, shown
+from fmtcli.cli.app import app
+from fmtcli.cli.options import JsonOption, RoundingOption, check_not_empty
+from fmtcli.cli.output import emit, note
 
 
 @app.command("softmax", short_help="The online softmax (FlashAttention's trick), block by "
@@ -53,8 +53,13 @@ def softmax_command(
     operation rounded to --format; then the output beside the exact softmax-weighted
     average.  With no input: the article's example (scores 1,3,2,0; values 10,20,30,40).
     """
-    from ..attention.softmax import ARTICLE_BLOCK, DEFAULT_BLOCK, arithmetic_format, online_softmax
-    from ..attention.softmax_inputs import article_example, random_inputs, read_numbers
+    from fmtcli.attention.softmax import (
+        ARTICLE_BLOCK,
+        DEFAULT_BLOCK,
+        arithmetic_format,
+        online_softmax,
+    )
+    from fmtcli.attention.softmax_inputs import article_example, random_inputs, read_numbers
 
     check_not_empty(format=format_name)
     if "," in format_name:

@@ -6,11 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import RoundingMode
-from ..errors import UsageError, shown
-from .app import app
-from .options import JsonOption, RoundingOption, check_not_empty
-from .output import emit, note
+from fmtcli.base.choices import RoundingMode
+from fmtcli.base.errors import UsageError, shown
+from fmtcli.cli.app import app
+from fmtcli.cli.options import JsonOption, RoundingOption, check_not_empty
+from fmtcli.cli.output import emit, note
 
 
 @app.command("sum", short_help="Accumulation drift: where a BF16 sum stalls; lost updates.")
@@ -69,10 +69,10 @@ def sum_command(
     """
     if file is not None and file.startswith("--"):
         raise UsageError(f"no such option: {shown(file)}", "see 'fmt sum --help'")
-    from ..arithmetic.ops import arithmetic_specs
-    from ..arithmetic.sum_inputs import sum_inputs
-    from ..arithmetic.summation import DEFAULT_ACCUMULATORS, sum_values, weight_update
-    from ..literals import parse_value
+    from fmtcli.arithmetic.ops import arithmetic_specs
+    from fmtcli.arithmetic.sum_inputs import sum_inputs
+    from fmtcli.arithmetic.summation import DEFAULT_ACCUMULATORS, sum_values, weight_update
+    from fmtcli.numerics.literals import parse_value
 
     check_not_empty(format=format_name, accumulator=accumulators, order=order, dist=dist)
     if "," in format_name:

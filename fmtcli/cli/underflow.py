@@ -6,10 +6,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import ARTICLE_FORMATS, Backend, Device, OverflowPolicy, Product, RoundingMode
-from ..errors import UsageError, shown
-from .app import UsageWithEllipsis, app
-from .options import (
+from fmtcli.base.choices import (
+    ARTICLE_FORMATS,
+    Backend,
+    Device,
+    OverflowPolicy,
+    Product,
+    RoundingMode,
+)
+from fmtcli.base.errors import UsageError, shown
+from fmtcli.cli.app import UsageWithEllipsis, app
+from fmtcli.cli.options import (
     BackendOption,
     DeviceOption,
     JsonOption,
@@ -20,7 +27,7 @@ from .options import (
     check_not_empty,
     resolve_formats,
 )
-from .output import emit
+from fmtcli.cli.output import emit
 
 
 @app.command("underflow", cls=UsageWithEllipsis,
@@ -53,8 +60,8 @@ def underflow_command(
     for text in values:
         if text.startswith("--"):
             raise UsageError(f"no such option: {shown(text)}", "see 'fmt underflow --help'")
-    from ..literals import parse_values
-    from ..underflow import underflow_table
+    from fmtcli.numerics.literals import parse_values
+    from fmtcli.underflow import underflow_table
 
     check_not_empty(format=format_names, scale=scale)
     parsed = parse_values(values)

@@ -40,14 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checkpoints import repeated_keys, tensor_names
-from ..choices import CHUNK_ELEMENTS
-from ..errors import DataError, UsageError, shown
-from ..quantize import parallel
-from ..quantize.metrics import HIST_BINS, ErrorAccumulator
-from ..quantize.roles import role_of
-from ..quantize.stream import ChunkReader, chunk_slices, matrix_shape
-from ..tensors import (
+from fmtcli.base.choices import CHUNK_ELEMENTS
+from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.compare.stats import Accumulator, CompareStats, LogitStats
+from fmtcli.inputs.checkpoints import repeated_keys, tensor_names
+from fmtcli.inputs.tensors import (
     TensorInfo,
     TensorSource,
     dtype_name,
@@ -57,7 +54,10 @@ from ..tensors import (
     skipped_records,
     unusable_reason,
 )
-from .stats import Accumulator, CompareStats, LogitStats
+from fmtcli.streaming import parallel
+from fmtcli.streaming.metrics import HIST_BINS, ErrorAccumulator
+from fmtcli.streaming.roles import role_of
+from fmtcli.streaming.stream import ChunkReader, chunk_slices, matrix_shape
 
 __all__ = ["Accumulator", "CompareResult", "CompareStats", "LogitStats", "RoleComparison",
            "TensorComparison", "compare_arrays", "compare_files", "compare_pair",

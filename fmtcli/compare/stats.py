@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..quantize.metrics import (
+from fmtcli.streaming.metrics import (
     HIST_BINS,
     REL_ERROR_RESOLUTION,
     ErrorAccumulator,

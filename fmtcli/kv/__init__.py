@@ -21,7 +21,7 @@ For each layer and stream (K, V), granularity and candidate rule:
   (twice that: a binade of headroom for values beyond those calibrated), ``p99.99`` (the
   99.99th percentile of |x| / fp8_max: the top 0.01% clip), ``mse`` (the scale of least
   squared error on the grid of ``fmt scale-search``'s MSE search: amax scales times 2**-m,
-  m in ``scalesearch.COARSE``, then steps of ``scalesearch.FINE_STEP`` around the best);
+  m in ``numerics.scaling.COARSE``, then steps of ``FINE_STEP`` around the best);
 - figures: clipped (|x / s| beyond fp8_max, saturated) and flushed (nonzero x that become
   0) fractions, SQNR, p99 and max relative error over the nonzero values
   (``quantize.metrics.ErrorAccumulator``'s exact histogram: p99 to within +0.78%).
@@ -50,10 +50,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DataError, UsageError, shown
-from ..formats import FormatSpec
-from ..quantize.metrics import ErrorAccumulator
-from .inputs import (
+from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.kv.inputs import (
     AXES,
     DEFAULT_LAYOUT,
     K_NAMES,
@@ -63,7 +61,7 @@ from .inputs import (
     parse_layout,
     stream_of,
 )
-from .scales import (
+from fmtcli.kv.scales import (
     CANDIDATES,
     FLOAT32_TINY,
     TinyScale,
@@ -72,6 +70,8 @@ from .scales import (
     round_trip,
     smallest_scale,
 )
+from fmtcli.numerics.formats import FormatSpec
+from fmtcli.streaming.metrics import ErrorAccumulator
 
 __all__ = ["AXES", "CANDIDATES", "DEFAULT_LAYOUT", "FLOAT32_TINY", "GRANULARITIES",
            "K_NAMES", "KV_FORMATS", "KvResult", "KvStats", "STORED", "StreamResult",
@@ -137,7 +137,7 @@ def _max_rel(x: np.ndarray, x_hat: np.ndarray) -> float:
 
 def _stats(acc: ErrorAccumulator, granularity: str, candidate: str, k_scale,
            max_rel: float) -> KvStats:
-    from ..quantize.metrics import scaled_sum
+    from fmtcli.streaming.metrics import scaled_sum
 
     x2, xp = scaled_sum(acc.sum_x2, acc.sum_x2_big, acc.sum_x2_tiny)
     e2, ep = scaled_sum(acc.sum_err2, acc.sum_err2_big, acc.sum_err2_tiny)
@@ -294,7 +294,7 @@ def write_scales(result: KvResult, path: str) -> None:
     atomically, with a new file's usual mode (``quantize.writers.write_atomically``)."""
     import json
 
-    from ..quantize.writers import write_bytes, write_safetensors
+    from fmtcli.engine.writers import write_bytes, write_safetensors
 
     if path.endswith(".json"):
         write_bytes(path, json.dumps(

@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
-from ..errors import DataError, UsageError, shown
-from ..tensors import TensorSource
+from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.inputs.tensors import TensorSource
 
 AXES = ("layers", "batch", "tokens", "heads", "dim")
 DEFAULT_LAYOUT = "tokens,heads,dim"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DataError, UsageError, shown
-from ..formats import FormatSpec
-from ..rounding import beyond_threshold, round_to_format
+from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.rounding import beyond_threshold, round_to_format
 
 CANDIDATES = ("unit", "amax", "amax-x2", "p99.99", "mse")
 FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal: the smallest scale written
@@ -91,7 +91,7 @@ def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: Forma
 def _mse_scale(x, base, axes, spec, floor) -> np.ndarray:
     """Per group, the amax scale times 2**-m of least squared error: m on scale-search's
     coarse grid, then its fine steps around each group's best (no scale below ``floor``)."""
-    from ..scalesearch import COARSE, FINE_STEP
+    from fmtcli.numerics.scaling import COARSE, FINE_STEP
 
     def scale(m: np.ndarray) -> np.ndarray:
         return np.maximum(base * 2.0 ** -m, floor).astype(np.float32)

@@ -1,7 +1,7 @@
 """The quantize engine: scaled quantization of whole tensors and its statistics.
 
 ``x_q = cast(x * scale) / scale`` for every block, tile, row or tensor scale of a scheme
-(``fmtcli.schemes``), streamed in chunks over worker processes, or in one fused CUDA
+(``fmtcli.numerics.schemes``), streamed in chunks over worker processes, or in one fused CUDA
 kernel.  The rooms:
 
 - ``engine``  -- ``quantize`` (many tensors, a total, ``--out``), ``quantize_tensor`` and
@@ -16,9 +16,9 @@ kernel.  The rooms:
   ``torch_cuda`` -- the fused kernel (``quantize_stats.cu``) and the torch API it needs.
 """
 
-from .engine import quantize, quantize_tensor, quantize_totals
-from .results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
-from .stream import CHUNK_ELEMENTS
+from fmtcli.engine.results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
+from fmtcli.engine.run import quantize, quantize_tensor, quantize_totals
+from fmtcli.streaming.stream import CHUNK_ELEMENTS
 
 __all__ = ["CHUNK_ELEMENTS", "QuantizeResult", "ScaleSummary", "SchemeStats", "TensorResult",
            "quantize", "quantize_tensor", "quantize_totals"]

@@ -37,13 +37,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..backends import Backend, Device, resolve
-from ..choices import cores_available
-from ..errors import DataError, FmtError, UsageError, shown
-from ..schemes import Scheme
-from ..tensors import TensorSource, numpy_dtype
-from .chunk import ChunkKernel, Plan
-from .engine import (
+from fmtcli.base.choices import cores_available
+from fmtcli.base.errors import DataError, FmtError, UsageError, shown
+from fmtcli.engine.chunk import ChunkKernel, Plan
+from fmtcli.engine.results import QuantizeResult, SchemeRun
+from fmtcli.engine.run import (
     ChunkPass,
     apply_first_pass,
     first_pass_partials,
@@ -53,8 +51,16 @@ from .engine import (
     quantize_tensor,
     with_product,
 )
-from .results import QuantizeResult, SchemeRun
-from .stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, keep_freed_memory, matrix_shape
+from fmtcli.inputs.tensors import TensorSource, numpy_dtype
+from fmtcli.numerics.backends import Backend, Device, resolve
+from fmtcli.numerics.schemes import Scheme
+from fmtcli.streaming.stream import (
+    CHUNK_ELEMENTS,
+    ChunkReader,
+    chunk_slices,
+    keep_freed_memory,
+    matrix_shape,
+)
 
 INSTALL = "pip install 'fmtcli[dask]'"
 TASK_BYTES = 64 << 20  # data per task: long enough to hide a task's ~1 ms of overhead
@@ -177,7 +183,7 @@ class MappedTensor:
     byteorder: str = "="
 
     def open(self) -> TensorSource:
-        from ..npyfile import memory_map
+        from fmtcli.inputs.npyfile import memory_map
 
         stored = numpy_dtype(self.dtype).newbyteorder(self.byteorder)
 
