@@ -40,20 +40,14 @@ import numpy as np
 from fmtcli.base.choices import cores_available
 from fmtcli.base.errors import DataError, FmtError, UsageError, shown
 from fmtcli.engine.chunk import ChunkKernel, Plan
+from fmtcli.engine.chunk_pass import ChunkPass
+from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials, needs_first_pass
 from fmtcli.engine.results import QuantizeResult, SchemeRun
-from fmtcli.engine.run import (
-    ChunkPass,
-    apply_first_pass,
-    first_pass_partials,
-    needs_first_pass,
-    plan_schemes,
-    quantize,
-    quantize_tensor,
-    with_product,
-)
+from fmtcli.engine.run import plan_schemes, quantize_tensor, with_product
 from fmtcli.inputs.tensors import TensorSource, numpy_dtype
 from fmtcli.numerics.backends import Backend, Device, resolve
 from fmtcli.numerics.schemes import Scheme
+from fmtcli.quantize.run import quantize
 from fmtcli.streaming.stream import (
     CHUNK_ELEMENTS,
     ChunkReader,
