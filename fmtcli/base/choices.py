@@ -53,13 +53,18 @@ class Product(str, Enum):
 
 
 class Granularity(str, Enum):
-    """What one scale covers (``schemes``)."""
+    """What one scale covers: the one vocabulary of every analysis (its sizes, block N and
+    tile RxC, in ``numerics.granularity.ScaleGroup``).  quantize's schemes take tensor to
+    tile; ``head`` and ``token-head`` are a KV cache's (one scale per KV head, or per token
+    and head), and each command's options take the kinds it has."""
 
     TENSOR = "tensor"
     ROW = "row"
     COLUMN = "column"
     BLOCK = "block"
     TILE = "tile"
+    HEAD = "head"
+    TOKEN_HEAD = "token-head"
 
 
 class Backend(str, Enum):
@@ -87,7 +92,8 @@ class AttentionDevice(str, Enum):
 
 
 class ScaleGranularity(str, Enum):
-    """What one scale covers in ``fmt attention``'s narrow-format emulation."""
+    """The kinds of ``Granularity`` that ``fmt attention``'s ``--scale-granularity`` takes
+    (its narrow-format emulation: one scale per tensor, or per block of rows)."""
 
     TENSOR = "tensor"
     BLOCK = "block"

@@ -44,6 +44,7 @@ from fmtcli.numerics.scaling import (
     scale_to_e4m3,
 )
 from fmtcli.numerics.schemes import OverflowPolicy, ScaleFormat, Scheme
+from fmtcli.numerics.tiles import tile_amax
 from fmtcli.streaming.blocks import block_sizes
 from fmtcli.streaming.metrics import ErrorAccumulator
 from fmtcli.streaming.stream import widen
@@ -61,34 +62,10 @@ class Plan:
     tensor_scale: float | None = None  # NVFP4's float32 per-tensor scale
 
 
-_MAGNITUDE = {np.dtype(np.float32): (np.uint32, np.uint32(0x7FFFFFFF)),
-              np.dtype(np.float64): (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF))}
-
-
-def tile_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
-    """amax of every (tr x tc) tile of a 2-D chunk; ragged edges count as smaller tiles.
-
-    Computed on the bit patterns with the sign cleared: for IEEE floats their order as
-    unsigned integers is the order of the magnitudes, and NaN patterns sort above inf, so a
-    tile holding NaN gets a NaN amax (as torch.amax).  Integer max is the faster reduction.
-    """
-    rows, cols = x.shape
-    pr, pc = (-rows) % tr, (-cols) % tc
-    carrier, mask = _MAGNITUDE[x.dtype]
-    a = np.bitwise_and(x.view(carrier), mask)
-    if pr or pc:
-        a = np.pad(a, ((0, pr), (0, pc)))
-    if tr == 1:
-        amax = a.reshape(a.shape[0], -1, tc).max(axis=2)
-    else:
-        amax = a.reshape(a.shape[0] // tr, tr, -1, tc).max(axis=(1, 3))
-    return amax.view(x.dtype)
-
-
 def chunk_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
-    """``tile_amax`` as float32 (float64 data: float64), by the compiled kernel for a
-    contiguous float32, bfloat16 or float16 chunk where it is built (one pass, no padded
-    or widened copy), else by numpy."""
+    """``numerics.tiles.tile_amax`` as float32 (float64 data: float64), by the compiled
+    kernel for a contiguous float32, bfloat16 or float16 chunk where it is built (one pass,
+    no padded or widened copy), else by numpy."""
     kernel = native.module()
     if kernel is None or native.kind_of(x.dtype) is None or not x.flags.c_contiguous:
         return tile_amax(x if x.dtype.itemsize > 2 else widen(x, np.float32), tr, tc)
