@@ -21,7 +21,7 @@ import numpy as np
 
 from fmtcli.base.choices import Backend, Device
 from fmtcli.base.dtypes import TORCH_NAMES
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import OverflowPolicy, RoundingMode, round_to_format
 
@@ -94,22 +94,23 @@ def resolve(backend: Backend | str, device: Device | str, spec: FormatSpec,
     if (rounding is not None and backend is not Backend.NUMPY
             and RoundingMode(rounding) is not RoundingMode.NEAREST_EVEN):
         raise UsageError(f"the {backend.value} backend rounds to nearest-even only",
-                         "use backend='numpy' for other rounding modes")
+                         "use " + Param("backend", "numpy") + " for other rounding modes")
     if backend is Backend.TORCH:
         if spec.name not in TORCH_NAMES:
             raise UsageError(f"torch has no eager cast to {spec.name}",
-                             "use backend='numpy' or 'ml_dtypes'")
+                             "use " + Param("backend", "numpy") + " or 'ml_dtypes'")
         torch = torch_module()
         if device is Device.CUDA and not torch.cuda.is_available():
-            raise UsageError("device='cuda': torch sees no CUDA device")
+            raise UsageError(Param("device", "cuda") + ": torch sees no CUDA device")
         if torch_dtype(spec) is None:
             raise UsageError(f"torch {torch.__version__} has no eager cast to {spec.name}",
-                             "use backend='numpy' or 'ml_dtypes'")
+                             "use " + Param("backend", "numpy") + " or 'ml_dtypes'")
         return backend, device
     if device is Device.CUDA:
-        raise UsageError(f"device='cuda' needs backend='torch' (not {backend.value})")
+        raise UsageError(Param("device", "cuda") + " needs " + Param("backend", "torch")
+                         + f" (not {backend.value})")
     if backend is Backend.ML_DTYPES and spec.ml_dtype is None:
-        raise UsageError(f"ml_dtypes has no {spec.name}", "use backend='numpy'")
+        raise UsageError(f"ml_dtypes has no {spec.name}", "use " + Param("backend", "numpy"))
     return backend, device
 
 

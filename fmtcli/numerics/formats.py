@@ -22,7 +22,7 @@ from enum import Enum
 
 from fmtcli.base.choices import ARTICLE_FORMATS as ARTICLE_FORMATS  # re-exported
 from fmtcli.base.choices import RECIPE_NAMES
-from fmtcli.base.errors import UnknownFormatError, UsageError, shown
+from fmtcli.base.errors import Param, UnknownFormatError, UsageError, shown
 
 
 class Specials(str, Enum):
@@ -363,7 +363,7 @@ def resolve_format(name: str) -> tuple[FormatSpec, str | None]:
     if key in RECIPE_NAMES:  # mxfp8, nvfp4, ...: a format with its block size and scale rule
         raise UnknownFormatError(
             f"unknown format {shown(name)}",
-            f"{key} is a recipe, not a format: fmt quantize takes it as recipe='{key}'")
+            f"{key} is a recipe, not a format: fmt quantize takes it as " + Param("recipe", key))
     close = difflib.get_close_matches(key, known_names(), n=3, cutoff=0.6) \
         if len(key) <= 64 else []
     hint = f"did you mean {', '.join(close)}?" if close else "'fmt range --all' lists them."

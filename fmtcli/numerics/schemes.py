@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from fmtcli.base.choices import Granularity
-from fmtcli.base.errors import UsageError, shown
+from fmtcli.base.errors import Message, Param, UsageError
 from fmtcli.numerics.formats import FormatSpec, get_format
 from fmtcli.numerics.rounding import OverflowPolicy, RoundingMode
 from fmtcli.numerics.scaling import MX_RULES, Product, ScaleRule
@@ -58,17 +58,19 @@ class Scheme:
 
     def __post_init__(self) -> None:
         if self.block < 1:
-            raise UsageError(f"block={self.block}: a block size must be >= 1")
+            raise UsageError(Param("block", self.block) + ": a block size must be >= 1")
         if self.tile[0] < 1 or self.tile[1] < 1:
             raise UsageError(f"tile sides must be >= 1, got {self.tile[0]}x{self.tile[1]}")
         if self.axis not in (0, -1):
-            raise UsageError(f"axis={self.axis}: the block axis must be -1 (last) or 0 (first)")
+            raise UsageError(Param("axis", self.axis) + ": the block axis must be -1 (last) or 0 "
+                             "(first)")
         if not -16 <= self.margin <= 64:
-            raise UsageError(f"margin={self.margin}: a margin must be 0..64")
+            raise UsageError(Param("margin", self.margin) + ": a margin must be 0..64")
         if (self.scale_rule is ScaleRule.PERCENTILE) != (self.percentile is not None):
             raise UsageError("the percentile rule and percentile= go together")
         if self.percentile is not None and not 0 < self.percentile <= 100:
-            raise UsageError(f"percentile={self.percentile}: a percentile must be in (0, 100]")
+            raise UsageError(Param("percentile", self.percentile)
+                             + ": a percentile must be in (0, 100]")
         if (self.scale_rule is ScaleRule.FIXED) != (self.fixed_scale is not None):
             raise UsageError("the fixed rule and a fixed scale go together")
         if self.fixed_scale is not None:
@@ -76,7 +78,8 @@ class Scheme:
                 raise UsageError(f"a fixed scale must be positive and finite, got "
                                  f"{self.fixed_scale}")
             if self.granularity is not Granularity.TENSOR:
-                raise UsageError("a fixed scale is one scale per tensor (per='tensor')")
+                raise UsageError("a fixed scale is one scale per tensor (" + Param("per", "tensor")
+                                 + ")")
         if self.scale_rule in MX_RULES and self.scale_format is ScaleFormat.FLOAT32:
             object.__setattr__(self, "scale_format", ScaleFormat.E8M0)
         if self.scale_format is ScaleFormat.E8M0 and self.scale_rule not in MX_RULES:
@@ -137,9 +140,10 @@ def parse_tile(text: str) -> tuple[int, int]:
     try:
         rows, cols = (int(p) for p in parts)
     except ValueError:
-        raise UsageError(f"tile={shown(text)}: a tile must look like 128x128 or 1x128") from None
+        raise UsageError(Param("tile", text) + ": a tile must look like 128x128 or 1x128"
+                         ) from None
     if rows < 1 or cols < 1:
-        raise UsageError(f"tile={shown(text)}: tile sides must be >= 1")
+        raise UsageError(Param("tile", text) + ": tile sides must be >= 1")
     return rows, cols
 
 
@@ -212,11 +216,11 @@ def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
     the percentile rule, ``fixed_scale`` (x_q = cast(x * fixed_scale) / fixed_scale) with the
     fixed rule; Scheme checks that they do.
     """
-    given = [f"{name}={value!r}" for name, value in (("block", block), ("tile", tile),
+    given = [Param(name, value, repr) for name, value in (("block", block), ("tile", tile),
                                                      ("per", per and Granularity(per).value))
              if value is not None]
     if len(given) > 1:
-        raise UsageError(f"{' and '.join(given)} are alternatives: give one")
+        raise UsageError(Message.joined(given, " and ") + " are alternatives: give one")
     fields: dict = {"format": get_format("float8_e4m3fn"), "granularity": Granularity.BLOCK,
                     "block": 128}
     if recipe is not None:
@@ -229,8 +233,10 @@ def build_scheme(*, format: FormatSpec | None = None, block: int | None = None,
         fields.update(granularity=Granularity.TILE, tile=parse_tile(tile), weight_tile=None)
     if per is not None:
         if per in (Granularity.BLOCK, Granularity.TILE):
-            raise UsageError(f"per={Granularity(per).value!r}: per takes tensor, row or column "
-                             "(blocks and tiles: block=N or tile='RxC')")
+            raise UsageError(Param("per", per, lambda g: repr(Granularity(g).value))
+                             + ": per takes tensor, row or column (blocks and tiles: "
+                             + Param("block", "N", "N") + " or " + Param("tile", "RxC")
+                             + ")")
         fields.update(granularity=per, weight_tile=None)
     if axis is not None:
         fields["axis"] = axis
@@ -265,4 +271,4 @@ def comparison_schemes(main: Scheme, compare: str) -> list[Scheme]:
     if compare == "all":
         return [Scheme(rounding=main.rounding, overflow=main.overflow, **recipe_fields(name))
                 for name in STANDARD_RECIPES]
-    raise UsageError(f"compare={shown(compare)}: compare takes tensor, none or all")
+    raise UsageError(Param("compare", compare) + ": compare takes tensor, none or all")
