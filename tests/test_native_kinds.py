@@ -16,7 +16,7 @@ import peer_behaviour as peer
 import pytest
 
 from fmtcli.engine import chunk
-from fmtcli.engine.results import DISTINCT_CAP, ScaleSummary, distinct
+from fmtcli.engine.scales import DISTINCT_CAP, ScaleSummary, distinct
 from fmtcli.numerics import native
 from fmtcli.numerics.formats import get_format
 from fmtcli.numerics.scaling import ScaleRule, amax_to_scale

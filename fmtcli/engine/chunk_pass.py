@@ -15,7 +15,8 @@ import numpy as np
 
 from fmtcli.base.choices import Granularity
 from fmtcli.engine.chunk import ChunkKernel, Plan
-from fmtcli.engine.results import ScaleSummary, SchemeRun, top_blocks
+from fmtcli.engine.results import SchemeRun, top_blocks
+from fmtcli.engine.scales import ScaleSummary
 from fmtcli.numerics.scaling import Product
 from fmtcli.streaming.blocks import (
     EXP_BINS,

@@ -47,7 +47,7 @@ import numpy as np
 
 from fmtcli.base.dtypes import KERNEL_CODES
 from fmtcli.engine import torch_cuda
-from fmtcli.engine.results import ScaleSummary
+from fmtcli.engine.scales import ScaleSummary
 from fmtcli.numerics.rounding import (
     OverflowPolicy,
     RoundingMode,

@@ -16,8 +16,9 @@ searches), ``engine.chunk`` (one chunk under one scheme), ``engine.chunk_pass`` 
 ``engine.cuda`` (where each scheme runs) and the fused kernel.
 """
 
-from fmtcli.engine.results import QuantizeResult, ScaleSummary, SchemeStats, TensorResult
+from fmtcli.engine.results import QuantizeResult, SchemeStats, TensorResult
 from fmtcli.engine.run import quantize_tensor, quantize_totals
+from fmtcli.engine.scales import ScaleSummary
 from fmtcli.quantize.run import quantize
 from fmtcli.streaming.stream import CHUNK_ELEMENTS
 
