@@ -25,6 +25,7 @@ from types import ModuleType
 
 import numpy as np
 
+from fmtcli.base.dtypes import bits_of
 from fmtcli.base.errors import Note
 
 try:
@@ -39,7 +40,9 @@ ENV = "FMTCLI_KERNEL"
 KINDS = {"float32": 0, "bfloat16": 1, "float16": 2}
 #: inputs of more bytes than this (as stored) get ``note_if_absent``'s note
 NOTE_BYTES = 64 << 20
-_KIND_OF: dict[np.dtype, int | None] = {}  # by dtype: a dtype's name costs ~5 us a lookup
+#: by (dtype, ``bits_of`` tag): a dtype's name costs ~5 us a lookup, and a tagged dtype is
+#: equal to (and hashes as) the plain uint16 it tags
+_KIND_OF: dict[tuple[np.dtype, str | None], int | None] = {}
 _NOTED = False
 
 
@@ -59,14 +62,17 @@ def kind_of(dtype) -> int | None:
     """The kernel's ``kind`` code of a chunk dtype, or None where it does not read it.
 
     Decided by what the dtype is, not by its name: numpy's own float32 and float16 type
-    objects, or ml_dtypes' ``bfloat16`` type (2 bytes), in the machine's byte order (the
-    kernel reads native words; a big-endian '>f2' chunk is widened by numpy, which honours
-    its byte order).  ml_dtypes is not imported here: a dtype can only be its bfloat16 once
-    it is loaded (its import costs ~1 s from release 0.7.0)."""
+    objects, ml_dtypes' ``bfloat16`` type (2 bytes), or 2-byte unsigned words tagged as
+    bfloat16's bit patterns (``dtypes.bits_of``: how the loaders read bfloat16), in the
+    machine's byte order (the kernel reads native words; a big-endian '>f2' chunk is
+    widened by numpy, which honours its byte order).  ml_dtypes is not imported here: a
+    dtype can only be its bfloat16 once it is loaded (its import costs 1.4-2.6 s from
+    release 0.7.0)."""
     dtype = np.dtype(dtype)
-    if dtype not in _KIND_OF:
-        _KIND_OF[dtype] = _kind(dtype)
-    return _KIND_OF[dtype]
+    key = (dtype, bits_of(dtype))
+    if key not in _KIND_OF:
+        _KIND_OF[key] = _kind(dtype)
+    return _KIND_OF[key]
 
 
 def _kind(dtype: np.dtype) -> int | None:
@@ -76,6 +82,8 @@ def _kind(dtype: np.dtype) -> int | None:
         return KINDS["float32"]
     if dtype.type is np.float16:
         return KINDS["float16"]
+    if dtype.type is np.uint16 and bits_of(dtype) == "bfloat16":
+        return KINDS["bfloat16"]
     ml_dtypes = sys.modules.get("ml_dtypes")
     if (ml_dtypes is not None and dtype.itemsize == 2
             and dtype.type is getattr(ml_dtypes, "bfloat16", None)):
@@ -91,7 +99,8 @@ def reads_as_stored(dtype) -> bool:
 
 def values(x: np.ndarray) -> tuple[np.ndarray, int]:
     """``x`` as the kernel's functions take it: (buffer, kind) -- float32 itself, or the bit
-    patterns of a bfloat16/float16 array (a uint16 view, no copy)."""
+    patterns of a bfloat16/float16 array (a uint16 view, no copy; bfloat16 read as its bits
+    is one already)."""
     kind = kind_of(x.dtype)
     return (x if kind == 0 else x.view(np.uint16)), kind
 

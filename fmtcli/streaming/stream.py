@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from fmtcli.base.choices import CHUNK_ELEMENTS as CHUNK_ELEMENTS  # re-exported
+from fmtcli.base.dtypes import bits_of
 from fmtcli.base.errors import DataError, Note, shown
 from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics import native
@@ -154,6 +155,11 @@ class ChunkReader:
     Every chunk comes in the machine's byte order: a big-endian file ('>f2', '>f4', '>f8',
     bfloat16 as '>V2') has its bytes swapped in the fresh buffer (``native_order``), so no
     consumer (the compiled kernel, torch, the dtype checks) ever sees a swapped dtype.
+
+    The tensor is read as stored (``TensorSource.stored``): bfloat16 as its bit patterns
+    (``storage.BFLOAT16_BITS``), which a chunk as stored keeps and ``widen`` makes float32
+    exactly, so reading bfloat16 never imports ml_dtypes (ml_dtypes' own bfloat16 arrays,
+    from ``TensorSource`` objects made of arrays, are read too).
     """
 
     def __init__(self, source: TensorSource) -> None:
@@ -185,6 +191,8 @@ class ChunkReader:
             block = self.matrix[rows, cols]
             if stored:
                 return np.ascontiguousarray(block, dtype=self.native)
+            if bits_of(self.native):  # bit patterns: numpy's cast would take them as ints
+                return widen(np.ascontiguousarray(block, dtype=self.native), self.dtype)
             out = np.empty(block.shape, dtype=self.dtype)
             np.copyto(out, block, casting="unsafe")  # numpy honours the byte order
             return out
@@ -229,7 +237,11 @@ def swap_bytes(buffer: np.ndarray) -> None:
 def widen(buffer: np.ndarray, dtype) -> np.ndarray:
     """``buffer.astype(dtype)``; float16 to float32 by the compiled kernel where it is
     built (numpy's conversion costs ~1.6 ns a value on CPUs it has no F16C path for; the
-    kernel's is exact, inf and NaN payloads included: ``tests/test_native.py``)."""
+    kernel's is exact, inf and NaN payloads included: ``tests/test_native.py``); bfloat16's
+    bit patterns (``storage.BFLOAT16_BITS``, native order) by ``widen_bfloat16_bits``."""
+    if bits_of(buffer.dtype) == "bfloat16":
+        wide = widen_bfloat16_bits(buffer)
+        return wide if wide.dtype == dtype else wide.astype(dtype)
     kernel = native.module()
     if (kernel is not None and buffer.dtype == np.float16 and dtype == np.float32
             and buffer.flags.c_contiguous):
@@ -237,6 +249,15 @@ def widen(buffer: np.ndarray, dtype) -> np.ndarray:
         kernel.widen_f16(buffer, out, buffer.size)
         return out
     return buffer.astype(dtype)
+
+
+def widen_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
+    """float32 values of bfloat16 bit patterns (uint16 words in the machine's byte order):
+    each word is the float32's upper half, so ``word << 16`` is its float32 exactly (inf,
+    NaN payloads, signalling NaNs and subnormals included), with no ml_dtypes."""
+    wide = bits.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
 
 
 _MALLOC_TUNED = False
