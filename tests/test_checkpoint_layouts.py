@@ -20,7 +20,7 @@ from cli_helpers import assert_data_error, assert_usage_error, invoke, quantize_
 from inputs import facenet_weights
 from oracle import heavy_tailed, write_safetensors
 
-import fmtcli.inputs.tensors
+import fmtcli.inputs.safetensorsfile
 from fmtcli.inputs.checkpoints import CheckpointNote
 from fmtcli.inputs.tensors import load_inputs, load_path
 
@@ -110,7 +110,7 @@ def count_calls(monkeypatch, owner, name: str) -> list:
 def test_a_sharded_folder_gives_its_tensors_in_the_index_order_reading_each_shard_once(
         tmp_path, monkeypatch):
     folder = sharded_folder(tmp_path / "model")
-    headers = count_calls(monkeypatch, fmtcli.inputs.tensors, "read_safetensors_header")
+    headers = count_calls(monkeypatch, fmtcli.inputs.safetensorsfile, "read_safetensors_header")
     doc = quantize_json(folder)
     assert [t["key"] for t in doc["tensors"]] == INDEX_ORDER
     assert sorted(headers) == sorted(SHARDS)  # each shard's header read once, nothing else

@@ -33,43 +33,27 @@ but the index does not name is kept as a *skipped* tensor (the index is what
 from __future__ import annotations
 
 import os
-import re
 import warnings
 
 from fmtcli.base.errors import DataError, Note, shown
-from fmtcli.inputs import tensors, textparse
+from fmtcli.inputs import textparse
+from fmtcli.inputs.files import (
+    TENSOR_SUFFIXES,
+    TEXT_SUFFIXES,
+    index_kind,
+    is_hf_weights,
+    is_tensor_file,
+    load_file,
+    suffix,
+)
+from fmtcli.inputs.source import TensorSource
 
-TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
-TEXT_SUFFIXES = (".txt", ".csv", ".json")
-INDEX_SUFFIXES = {".safetensors.index.json": ".safetensors", ".bin.index.json": ".bin"}
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # a million tensor names; real indexes are < 1 MiB
-
-# save_pretrained's weight names: [prefix_]model[-00001-of-00002].{safetensors,bin}
-_HF_WEIGHTS = re.compile(
-    r"(?:(?:diffusion_)?pytorch_|adapter_)?model(?:-\d+-of-\d+)?\.(?:safetensors|bin)")
 
 
 class CheckpointNote(Note):
     """Files of a model folder that were not read (a ``.bin`` twin of the safetensors,
     optimizer state...): a note for the user, not an error."""
-
-
-def _suffix(name: str) -> str:
-    return os.path.splitext(name)[1].lower()
-
-
-def _index_kind(name: str) -> str | None:
-    """The shard suffix of an index file's name, or None when it is not an index."""
-    lower = name.lower()
-    return next((kind for end, kind in INDEX_SUFFIXES.items() if lower.endswith(end)), None)
-
-
-def _is_hf_weights(name: str) -> bool:
-    return _HF_WEIGHTS.fullmatch(name) is not None
-
-
-def _is_tensor_file(name: str) -> bool:
-    return _suffix(name) in TENSOR_SUFFIXES or _is_hf_weights(name)
 
 
 def _listing(names: list[str], limit: int = 4) -> str:
@@ -78,21 +62,21 @@ def _listing(names: list[str], limit: int = 4) -> str:
     return ", ".join(shown(name) for name in names[:limit]) + more
 
 
-def load_directory(path: str) -> list[tensors.TensorSource]:
+def load_directory(path: str) -> list[TensorSource]:
     """Every tensor of a directory given as FILE, by the rules of this module's docstring."""
     folders = [(root, sorted(files)) for root, dirs, files in os.walk(path)
                for _ in [dirs.sort()]]
-    has_tensors = any(_is_tensor_file(name) or _index_kind(name)
+    has_tensors = any(is_tensor_file(name) or index_kind(name)
                       for _, files in folders for name in files)
     found = []
     for root, files in folders:
-        if any(_index_kind(name) or _is_hf_weights(name) for name in files):
+        if any(index_kind(name) or is_hf_weights(name) for name in files):
             found.extend(_load_model_folder(root, files))
             continue
         for name in files:
-            suffix = _suffix(name)
-            if suffix in TENSOR_SUFFIXES or (suffix in TEXT_SUFFIXES and not has_tensors):
-                found.extend(tensors.load_path(os.path.join(root, name)))
+            kind = suffix(name)
+            if kind in TENSOR_SUFFIXES or (kind in TEXT_SUFFIXES and not has_tensors):
+                found.extend(load_file(os.path.join(root, name)))
     if not found:
         looked = TENSOR_SUFFIXES + ("Hugging Face weights",) + (
             () if has_tensors else TEXT_SUFFIXES)
@@ -101,12 +85,12 @@ def load_directory(path: str) -> list[tensors.TensorSource]:
     return found
 
 
-def _load_model_folder(root: str, files: list[str]) -> list[tensors.TensorSource]:
+def _load_model_folder(root: str, files: list[str]) -> list[TensorSource]:
     """One Hugging Face model folder: the safetensors checkpoint (indexed or not), else the
     .bin one; the folder's other tensor files are named in a ``CheckpointNote``."""
     for kind in (".safetensors", ".bin"):
-        indexes = [name for name in files if _index_kind(name) == kind]
-        weights = [name for name in files if _is_hf_weights(name) and _suffix(name) == kind]
+        indexes = [name for name in files if index_kind(name) == kind]
+        weights = [name for name in files if is_hf_weights(name) and suffix(name) == kind]
         if not (indexes or weights):
             continue
         found, used = [], set(indexes)
@@ -116,10 +100,10 @@ def _load_model_folder(root: str, files: list[str]) -> list[tensors.TensorSource
             used.update(shards)
         if not indexes:
             for name in weights:
-                found.extend(tensors.load_path(os.path.join(root, name)))
+                found.extend(load_file(os.path.join(root, name)))
             used.update(weights)
         left = [name for name in files if name not in used
-                and (_is_tensor_file(name) or _index_kind(name))]
+                and (is_tensor_file(name) or index_kind(name))]
         if left:
             warnings.warn(f"{shown(root)}: read as one Hugging Face checkpoint "
                           f"({_listing(indexes or weights)}); not read: {_listing(left)} "
@@ -152,20 +136,20 @@ def read_index(path: str) -> dict[str, str]:
                         "to shard file names)")
     if not weight_map:
         raise DataError(f"{where}: the index names no tensors")
-    kind = _index_kind(os.path.basename(path))
+    kind = index_kind(os.path.basename(path))
     for name, shard in weight_map.items():
         if (not shard or shard in (".", "..") or "/" in shard or "\\" in shard
                 or "\0" in shard):
             raise DataError(f"{where}: refused: tensor {shown(name)} is in shard "
                             f"{shown(shard)}, outside the index's directory (shards are "
                             "file names beside the index)")
-        if _suffix(shard) != kind:
+        if suffix(shard) != kind:
             raise DataError(f"{where}: shard {shown(shard)} of tensor {shown(name)} is not "
                             f"a {kind} file")
     return weight_map
 
 
-def load_index(path: str) -> tuple[list[tensors.TensorSource], list[str]]:
+def load_index(path: str) -> tuple[list[TensorSource], list[str]]:
     """The tensors of an indexed (sharded) checkpoint in the index's order, and its shard
     file names.  Each shard is opened once; tensors a shard holds that the index does not
     name come after, as skipped."""
@@ -180,7 +164,7 @@ def load_index(path: str) -> tuple[list[tensors.TensorSource], list[str]]:
             raise DataError(f"{shown(path)}: shard {shown(shard)} is missing or not a file "
                             f"(the index puts {count:,} tensor{'s' if count > 1 else ''} "
                             "in it)")
-        held[shard] = {source.key: source for source in tensors.load_path(shard_path)}
+        held[shard] = {source.key: source for source in load_file(shard_path)}
     found = []
     for name, shard in weight_map.items():
         source = held[shard].pop(name, None)
@@ -189,7 +173,7 @@ def load_index(path: str) -> tuple[list[tensors.TensorSource], list[str]]:
                             f"{shown(shard)} (incomplete or mismatched checkpoint)")
         found.append(source)
     for shard in shards:
-        found.extend(tensors.TensorSource(s.source, s.key, s.shape, s.dtype, None,
+        found.extend(TensorSource(s.source, s.key, s.shape, s.dtype, None,
                                           f"not named in {index_name}")
                      for s in held[shard].values())
     return found, shards
