@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fmtcli.base.choices import AccumulationRounding, OverflowPolicy, RoundingMode
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import round_to_format
 from fmtcli.numerics.scaling import amax_to_scale
@@ -213,7 +213,7 @@ def parse_granularity(text: str) -> tuple[str, int | None]:
         size = value[6:]
         if size.isdigit() and 0 < int(size) <= 1 << 20:
             return "block", int(size)
-    raise UsageError(f"scale_granularity={shown(text)} is not tensor, row or block:BS "
+    raise UsageError(Param("scale_granularity", text) + " is not tensor, row or block:BS "
                      f"(BS a block size, e.g. block:{DEFAULT_BLOCK})")
 
 
@@ -224,8 +224,8 @@ def granularity_label(kind: str, block: int | None) -> str:
 def check_format(spec: FormatSpec) -> None:
     """A GEMM's operands need a sign and a zero: scale formats (E8M0) cannot hold them."""
     if not spec.signed or not spec.has_zero:
-        raise UsageError(f"format={spec.name!r} is a scale format (no sign or no zero): a "
-                         "GEMM needs a signed element format")
+        raise UsageError(Param("format", spec.name, repr) + " is a scale format (no sign or no "
+                         "zero): a GEMM needs a signed element format")
 
 
 # -- inputs --------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ def check_size(m: int, n: int, k: int, group: int = GROUP,
         raise UsageError(f"M = {m:,}, N = {n:,}, K = {k:,} would take {steps:,} steps of "
                          f"{group} products (at most {MAX_STEPS:,}, ~0.1 ms each)"
                          + ("" if promote_every is None else
-                            f": promote less often than promote_every={promote_every}"))
+                            ": promote less often than " + Param("promote_every", promote_every)))
 
 
 # -- quantization --------------------------------------------------------------------------
@@ -455,8 +455,8 @@ def emulate_gemm(a: Operand, b: Operand, kind: str, block: int | None, *,
         if promote_every is None:
             raise UsageError(f"block:{block} scales change along K every {block}: promote "
                              f"the partial sums within each block (e.g. "
-                             f"promote_every={block})")
-        raise UsageError(f"promote_every={interval} does not divide the scale block "
+                             + Param("promote_every", block) + ")")
+        raise UsageError(Param("promote_every", interval) + " does not divide the scale block "
                          f"{block}: a partial sum must stay within one block")
     out = np.zeros((m, n), dtype=np.float32)
     wide = a.codes.dtype == np.float64 or b.codes.dtype == np.float64
@@ -528,22 +528,22 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
     if accumulator is None:
         bits = DEFAULT_BITS if accumulator_bits is None else accumulator_bits
         if not 1 <= bits <= MAX_BITS:
-            raise UsageError(f"accumulator_bits={bits} is outside 1..{MAX_BITS}")
+            raise UsageError(Param("accumulator_bits", bits) + f" is outside 1..{MAX_BITS}")
     else:
         bits = None
         if not accumulator.signed or not accumulator.has_zero:
-            raise UsageError(f"accumulator={accumulator.name!r} is a scale format: an "
-                             "accumulator needs a sign and a zero")
+            raise UsageError(Param("accumulator", accumulator.name, repr) + " is a scale format: "
+                             "an accumulator needs a sign and a zero")
     if promote_every is not None and promote_every < 1:
-        raise UsageError(f"promote_every={promote_every} must be at least 1")
+        raise UsageError(Param("promote_every", promote_every) + " must be at least 1")
     if group < 1:
-        raise UsageError(f"group={group} must be at least 1")
+        raise UsageError(Param("group", group) + " must be at least 1")
     if device not in ("cpu", "cuda"):
-        raise UsageError(f"device={device!r} is cpu or cuda")
+        raise UsageError(Param("device", device, repr) + " is cpu or cuda")
     if operands is None:
         for name, value in (("m", m), ("n", n), ("k", k)):
             if value < 1:
-                raise UsageError(f"{name}={value} must be at least 1")
+                raise UsageError(Param(name, value) + " must be at least 1")
         check_size(m, n, k, group, promote_every)
         a, b = random_operands(m, n, k, seed)
     else:

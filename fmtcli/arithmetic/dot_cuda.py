@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from fmtcli.arithmetic.dot import GpuRun, Operand, error_figures
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 
 #: FP8 formats torch has dtypes (and _scaled_mm kernels) for.
 TORCH_FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -36,10 +36,11 @@ def cuda_torch():
         import torch
     except ImportError:
         raise UsageError("the real FP8 GEMM needs torch with a CUDA GPU, and torch is not "
-                         "installed (device=cuda); the emulation runs without it") from None
+                         "installed (" + Param("device", "cuda", "cuda")
+                         + "); the emulation runs without it") from None
     if not torch.cuda.is_available():
-        raise UsageError("the real FP8 GEMM needs a CUDA GPU, and torch sees none "
-                         "(device=cuda); the emulation runs without it")
+        raise UsageError("the real FP8 GEMM needs a CUDA GPU, and torch sees none ("
+                         + Param("device", "cuda", "cuda") + "); the emulation runs without it")
     return torch
 
 

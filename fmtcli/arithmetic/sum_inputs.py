@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 
 #: The article's example, ``fmt sum`` with no input: 0.01 added ten thousand times.
 DEFAULT_CONSTANT = "0.01"
@@ -28,9 +28,11 @@ def sum_inputs(path: str | None = None, random: int | None = None, dist: str = "
     times (default 10,000).  With none of them: the article's 0.01, ten thousand times."""
     given = [path is not None, random is not None, constant is not None]
     if sum(given) > 1:
-        raise UsageError("give one input: a FILE, random=N or constant=V")
+        raise UsageError("give one input: a FILE, " + Param("random", "N", "N") + " or "
+                         + Param("constant", "V", "V"))
     if count is not None and constant is None and (path is not None or random is not None):
-        raise UsageError("count=N goes with constant=V (random=N sets its own count)")
+        raise UsageError(Param("count", "N", "N") + " goes with " + Param("constant", "V", "V")
+                         + " (" + Param("random", "N", "N") + " sets its own count)")
     if random is not None:
         check_count(random, "random")
         if dist not in DISTRIBUTIONS:
@@ -59,9 +61,9 @@ def short_number(x: float) -> str:
 
 def check_count(n: int, name: str) -> None:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise UsageError(f"{name} must be at least 1, got {name}={n}")
+        raise UsageError(f"{name} must be at least 1, got " + Param(name, n, str))
     if n > MAX_VALUES:
-        raise UsageError(f"{name}={n:,}: at most {MAX_VALUES:,} values")
+        raise UsageError(Param(name, n, f"{n:,}") + f": at most {MAX_VALUES:,} values")
 
 
 def _read_file(path: str) -> tuple[np.ndarray, str]:

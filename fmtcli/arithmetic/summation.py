@@ -66,7 +66,7 @@ from fmtcli.arithmetic.sum_inputs import (
     short_number,
 )
 from fmtcli.base.choices import RoundingMode
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import round_to_format
 
@@ -417,7 +417,8 @@ def weight_update(update: float, steps: int = DEFAULT_COUNT, weight: float = 1.0
     ``stalled_at`` the updates applied before the weight stopped moving."""
     check_count(steps, "steps")
     if steps >= MAX_VALUES:  # the weight and the updates are the sum's values
-        raise UsageError(f"count={steps:,} updates: at most {MAX_VALUES - 1:,}")
+        raise UsageError(Param("count", steps, f"{steps:,}")
+                         + f" updates: at most {MAX_VALUES - 1:,}")
     if not (math.isfinite(update) and math.isfinite(weight)):
         raise UsageError("the update and the weight must be finite")
     store = arithmetic_spec(format)[0] if isinstance(format, str) else format

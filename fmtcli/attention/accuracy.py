@@ -50,7 +50,7 @@ from fmtcli.attention.ranges import (
     overflowed,
 )
 from fmtcli.base.choices import Granularity, OverflowPolicy, RoundingMode
-from fmtcli.base.errors import DataError, UsageError
+from fmtcli.base.errors import DataError, Param, UsageError
 from fmtcli.numerics.formats import FormatSpec, get_format
 from fmtcli.numerics.rounding import round_to_format
 from fmtcli.numerics.scaling import amax_to_scale
@@ -99,7 +99,8 @@ def random_qkv(batch: int, heads: int, seq: int, dim: int, seed: int = 0,
     ``outliers`` = p, a fraction p of the entries (each independently) gets an extra
     N(0, 10**2) term: FlashAttention-3's outlier model (Shah et al. 2024, §4.3, p = 0.001)."""
     if not 0.0 <= outliers <= 1.0 or math.isnan(outliers):
-        raise UsageError(f"outliers={outliers!r} is a fraction of the entries: 0 <= p <= 1")
+        raise UsageError(Param("outliers", outliers, repr)
+                         + " is a fraction of the entries: 0 <= p <= 1")
     rng = np.random.default_rng(seed)
     shape = (batch, heads, seq, dim)
     out = []

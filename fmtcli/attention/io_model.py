@@ -31,7 +31,7 @@ import operator
 from dataclasses import dataclass
 
 from fmtcli.attention.limits import IO_LIMITS
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 
 #: The default on-chip memory: the GPU of the paper's Fig. 2.  Dao et al. 2022 §2.1 give the
 #: A100 "192KB of on-chip SRAM per each of 108 streaming multiprocessors".
@@ -59,10 +59,10 @@ def check_limits(**sizes: int | None) -> None:
         try:
             value = operator.index(value)
         except TypeError:
-            raise UsageError(f"{name}={value!r} must be an integer") from None
+            raise UsageError(Param(name, value, repr) + " must be an integer") from None
         if not 1 <= value <= LIMITS[name]:
             shown = f"{value:,}" if value.bit_length() < 64 else f"a {len(str(value))}-digit number"
-            raise UsageError(f"{name}={shown} must be from 1 to {LIMITS[name]:,}")
+            raise UsageError(Param(name, value, shown) + f" must be from 1 to {LIMITS[name]:,}")
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ def io_model(batch: int, heads: int, seq_q: int, dim: int, element_bits: int = 1
         source = "given"
     elements = sram_bytes * 8 // element_bits
     if elements < 4 * dim:
-        raise UsageError(f"sram={sram_bytes} bytes hold {elements} elements: Algorithm 1's "
-                         f"blocks need at least 4 * dim = {4 * dim}")
+        raise UsageError(Param("sram", sram_bytes) + f" bytes hold {elements} elements: "
+                         f"Algorithm 1's blocks need at least 4 * dim = {4 * dim}")
     br, bc = paper_blocks(elements, dim)
     br = block_q if block_q is not None else br
     bc = block_k if block_k is not None else bc

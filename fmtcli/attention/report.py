@@ -23,7 +23,7 @@ from fmtcli.attention.io_model import IoModel, io_model
 from fmtcli.attention.ranges import check_float32_range, check_scores
 from fmtcli.attention.timing import TimingRow
 from fmtcli.base.choices import Granularity
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.numerics.formats import FormatSpec
 
 QKV_NAMES = ({"q", "query"}, {"k", "key"}, {"v", "value"})
@@ -151,13 +151,15 @@ def analyse_attention(spec: FormatSpec, *, batch: int = 1, heads: int = 8, seq: 
         seq_k = seq
     check_format(spec)
     if not 0.0 <= outliers <= 1.0:  # NaN too
-        raise UsageError(f"outliers={outliers!r} is a fraction of the entries: 0 <= p <= 1")
+        raise UsageError(Param("outliers", outliers, repr)
+                         + " is a fraction of the entries: 0 <= p <= 1")
     if causal and seq_k != seq:
         raise UsageError(f"causal attention needs as many keys as queries ({seq_k} vs {seq})")
     model = io_model(batch, heads, seq, dim, spec.bits, sram_bytes, seq_k, block_q, block_k)
     block_q, block_k = model.block_q, model.block_k
     if hadamard and (dim & (dim - 1)):
-        raise UsageError(f"hadamard=True needs a power-of-two dim, got dim={dim}")
+        raise UsageError(Param("hadamard", True) + " needs a power-of-two dim, got "
+                         + Param("dim", dim))
     settings = dict(batch=batch, heads=heads, seq=seq, seq_k=seq_k, dim=dim, causal=causal,
                     format=spec.name, scale_granularity=granularity.value, hadamard=hadamard,
                     outliers=outliers, seed=seed, inputs=tuple(inputs))

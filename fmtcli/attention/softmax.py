@@ -68,7 +68,7 @@ from fmtcli.attention.limits import (
     SOFTMAX_MAX_TRACE,
 )
 from fmtcli.base.choices import RoundingMode
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.formats import FormatSpec, resolve_format
 from fmtcli.numerics.rounding import round_to_format
 
@@ -236,7 +236,7 @@ def _as_inputs(scores, values) -> tuple[np.ndarray, np.ndarray]:
 def _check_size(keys: int, dim: int, block: int) -> int:
     """The block size used (at most ``keys``), within the limits."""
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise UsageError(f"block must be at least 1, got block={block}")
+        raise UsageError("block must be at least 1, got " + Param("block", block))
     if keys > MAX_KEYS:
         raise UsageError(f"{keys:,} keys: at most {MAX_KEYS:,}")
     if keys * dim > MAX_ELEMENTS:
@@ -294,7 +294,7 @@ def online_softmax(scores, values, block: int = DEFAULT_BLOCK,
         raise UsageError(f"{spec.name} has no negative numbers, and s - m is never positive: "
                          "give a signed format")
     if is_float64(spec) and rounding is not RoundingMode.NEAREST_EVEN:
-        raise UsageError(f"rounding='{rounding.value}' needs a format narrower than float64 "
+        raise UsageError(Param("rounding", rounding) + " needs a format narrower than float64 "
                          "(float64 arithmetic here is numpy's, nearest-even)")
     s_given, v_given = _as_inputs(scores, values)
     keys, dim = s_given.size, (None if v_given.ndim == 1 else v_given.shape[1])

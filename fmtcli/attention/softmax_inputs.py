@@ -14,7 +14,7 @@ from fmtcli.attention.softmax import (
     MAX_ELEMENTS,
     MAX_KEYS,
 )
-from fmtcli.base.errors import BadValueError, DataError, UsageError, shown
+from fmtcli.base.errors import BadValueError, DataError, Param, UsageError, shown
 from fmtcli.inputs.tensors import SUFFIXES, load_path
 from fmtcli.numerics.literals import parse_values
 
@@ -30,8 +30,8 @@ def random_inputs(keys: int, dim: int = 1, seed: int = 0) -> tuple[np.ndarray, n
     scores -- the scale of q.k / sqrt(d) for unit-variance q and k -- and values of ``dim``
     components (a vector when ``dim`` is 1, else a (keys, dim) matrix)."""
     if keys < 1 or dim < 1:
-        raise UsageError(f"random inputs need keys >= 1 and dim >= 1, got keys={keys}, "
-                         f"dim={dim}")
+        raise UsageError("random inputs need keys >= 1 and dim >= 1, got " + Param("keys", keys)
+                         + ", " + Param("dim", dim))
     if keys > MAX_KEYS or keys * dim > MAX_ELEMENTS:
         raise UsageError(f"{keys:,} keys x {dim:,} component{'' if dim == 1 else 's'}: at "
                          f"most {MAX_KEYS:,} keys and {MAX_ELEMENTS:,} values")

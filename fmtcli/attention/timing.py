@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fmtcli.attention.accuracy import error_row
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.formats import FormatSpec
 
 #: torch dtypes SDPA computes in, by fmtcli format name.
@@ -59,10 +59,11 @@ def cuda_torch():
     try:
         import torch
     except ImportError:
-        raise UsageError("timing needs torch with a CUDA GPU, and torch is not installed "
-                         "(device=cuda)") from None
+        raise UsageError("timing needs torch with a CUDA GPU, and torch is not installed ("
+                         + Param("device", "cuda", "cuda") + ")") from None
     if not torch.cuda.is_available():
-        raise UsageError("timing needs a CUDA GPU, and torch sees none (device=cuda)")
+        raise UsageError("timing needs a CUDA GPU, and torch sees none ("
+                         + Param("device", "cuda", "cuda") + ")")
     return torch
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fmtcli.base.choices import CHUNK_ELEMENTS
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.compare.stats import Accumulator, CompareStats, LogitStats
 from fmtcli.inputs.checkpoints import repeated_keys, tensor_names
 from fmtcli.inputs.tensors import (
@@ -136,7 +136,7 @@ def match_sources(ref: list[TensorSource], test: list[TensorSource], keys: list[
     ``keys``).  Shapes must agree, and dtypes unless ``any_dtype``; a mismatch is a
     ``DataError`` naming the tensor."""
     if keys and not any(s.key is not None for s in ref + test):
-        raise UsageError(f"key={shown(keys[0])}: REF and TEST are single arrays, with no "
+        raise UsageError(Param("key", keys[0]) + ": REF and TEST are single arrays, with no "
                          "tensor names to pick")
     repeated = repeated_keys(ref) | repeated_keys(test)  # of the whole sides: --key keeps it
     ref = select_keys(ref, keys) if keys and any(s.key for s in ref) else ref

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fmtcli.base.errors import DataError, shown
+from fmtcli.base.errors import DataError, Param, shown
 from fmtcli.numerics import native
 from fmtcli.numerics.backends import Backend, Device, cast_with_policy
 from fmtcli.numerics.formats import Specials, get_format
@@ -261,8 +261,8 @@ class ChunkKernel:
                 raise DataError(f"{shown(self.name)}: a value of magnitude {big:.4g} lies "
                                 "beyond float32's range (3.4e38), where the float32 product "
                                 "x * scale cannot hold it",
-                                "use product='exact': float64 scales "
-                                "and products")
+                                "use " + Param("product", "exact")
+                                + ": float64 scales and products")
         return xw
 
     def _run(self, x, origin, hist, keep, shared):

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from fmtcli.base.dtypes import KERNEL_CODES
-from fmtcli.base.errors import DataError, shown
+from fmtcli.base.errors import DataError, Param, shown
 from fmtcli.engine.results import SchemeRun
 from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics.backends import Backend, Device, cuda_available, gpu_present, resolve
@@ -104,7 +104,7 @@ def quantize_on_gpu(source: TensorSource, schemes: list[Scheme], progress):
             free = torch.cuda.mem_get_info()[0]
             raise DataError(f"{shown(source.name)}: {data.nbytes / 2**30:.1f} GiB does not fit "
                             f"in the GPU's free memory ({free / 2**30:.1f} GiB)",
-                            "use device='cpu'") from None
+                            "use " + Param("device", "cpu")) from None
     if bfloat16:
         x = x.view(torch.bfloat16)
     results = []

@@ -40,9 +40,9 @@ def _worse_first(value: float, larger_is_worse: bool) -> float:
 def badness(stats: SchemeStats, sort: str) -> tuple[float, ...]:
     """The sort key of one tensor's statistics under the metric ``sort`` (smaller: worse)."""
     if sort not in METRICS:
-        from fmtcli.base.errors import UsageError, shown
+        from fmtcli.base.errors import Param, UsageError
 
-        raise UsageError(f"sort={shown(sort)}: must be one of {', '.join(METRICS)}")
+        raise UsageError(Param("sort", sort) + f": must be one of {', '.join(METRICS)}")
     value, larger = {
         "p99": (stats.p99_rel_error, True),
         "sqnr": (stats.sqnr_db, False),
@@ -60,9 +60,9 @@ def worst_tensors(tensors: list[TensorResult], sort: str = DEFAULT_METRIC,
     ``scheme``-th scheme (an index into each tensor's schemes; -1: the last, the chosen
     scheme of a comparison)."""
     if top < 0:
-        from fmtcli.base.errors import UsageError
+        from fmtcli.base.errors import Param, UsageError
 
-        raise UsageError(f"top={top}: must be >= 0")
+        raise UsageError(Param("top", top) + ": must be >= 0")
     ranked = sorted(((badness(t.schemes[scheme], sort), i, t)
                      for i, t in enumerate(tensors) if t.schemes), key=lambda r: r[:2])
     return [t for _, _, t in ranked[:top]]

@@ -30,7 +30,7 @@ import tempfile
 import numpy as np
 
 from fmtcli.base.dtypes import SAFETENSORS_CODES
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import encode
 from fmtcli.streaming.stream import matrix_shape
@@ -43,24 +43,26 @@ def check_target(path: str, inputs: list[str], force: bool) -> str:
     no clobbering, a directory we can create the temporary in."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in OUT_SUFFIXES:
-        raise UsageError(f"out={shown(path)}: an output file must end in "
-                         f"{', '.join(OUT_SUFFIXES)}")
+        raise UsageError(Param("out", path) + ": an output file must end in "
+                         + ", ".join(OUT_SUFFIXES))
     target = os.path.realpath(path)
     for item in inputs:
         if item != "-" and os.path.exists(item) and os.path.realpath(item) == target:
-            raise UsageError(f"out={shown(path)} is one of the inputs; refusing to overwrite it")
+            raise UsageError(Param("out", path)
+                             + " is one of the inputs; refusing to overwrite it")
     if os.path.isdir(path):
-        raise UsageError(f"out={shown(path)} is a directory", "give a file name in it")
+        raise UsageError(Param("out", path) + " is a directory", "give a file name in it")
     if os.path.islink(path) and not force:
-        raise UsageError(f"out={shown(path)} is a symbolic link",
-                         "pass force=True to replace the link itself; its target is left "
-                         "alone")
+        raise UsageError(Param("out", path) + " is a symbolic link",
+                         "pass " + Param("force", True) + " to replace the link itself; its "
+                         "target is left alone")
     if os.path.lexists(path) and not force:
-        raise UsageError(f"{shown(path)} exists", "pass force=True to replace it")
+        raise UsageError(f"{shown(path)} exists", "pass " + Param("force", True) + " to replace it")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         what = "is not a directory" if os.path.exists(directory) else "does not exist"
-        raise UsageError(f"the directory of out={shown(path)}, {shown(directory)}, {what}")
+        raise UsageError("the directory of " + Param("out", path)
+                         + f", {shown(directory)}, {what}")
     os.unlink(_temporary(path))  # can we create files there at all? (root ignores modes)
     return suffix
 
@@ -106,7 +108,8 @@ def check_not_an_input(path: str, sources) -> None:
     target = os.path.realpath(path)
     for source in sources:
         if os.path.exists(source.source) and os.path.realpath(source.source) == target:
-            raise UsageError(f"out={shown(path)} is one of the inputs; refusing to overwrite it")
+            raise UsageError(Param("out", path)
+                             + " is one of the inputs; refusing to overwrite it")
 
 
 def output_names(sources) -> list[str]:

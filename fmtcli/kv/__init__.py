@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.kv.inputs import (
     AXES,
     DEFAULT_LAYOUT,
@@ -228,14 +228,14 @@ def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
     V done, after each stream; ``names``: (layer, stream) -> the tensor's name, for errors.
     A format other than ``KV_FORMATS`` is a UsageError."""
     if spec.name not in KV_FORMATS:
-        raise UsageError(f"format={shown(spec.name)}: a KV-cache format is one of "
+        raise UsageError(Param("format", spec.name) + ": a KV-cache format is one of "
                          "e4m3fn, e4m3fnuz, e5m2")
     for g in granularities:
         if g not in GRANULARITIES:
-            raise UsageError(f"granularity={shown(g)}: one of {', '.join(GRANULARITIES)}")
+            raise UsageError(Param("granularity", g) + f": one of {', '.join(GRANULARITIES)}")
     for c in candidates:
         if c not in CANDIDATES:
-            raise UsageError(f"candidate={shown(c)}: one of {', '.join(CANDIDATES)}")
+            raise UsageError(Param("candidate", c) + f": one of {', '.join(CANDIDATES)}")
     if not any(g in STORED for g in granularities):
         raise UsageError("granularity: give tensor or head too (token-head scales are "
                          "computed at run time and cannot be recommended for a checkpoint)")
@@ -251,7 +251,7 @@ def analyse_kv(streams: dict[tuple[int, str], np.ndarray], spec: FormatSpec,
                     scale = candidate_scale(x, g, c, spec)
                 except TinyScale as error:
                     name = (names or {}).get((layer, kind), f"layer {layer}'s {kind.upper()}")
-                    raise DataError(f"{shown(name)}: {error.message}", error.suggestion
+                    raise DataError(f"{shown(name)}: " + error.parts, error.suggestion_parts
                                     ) from None
                 stats, acc = measure(x, scale, spec, g, c)
                 rows.append(stats)
@@ -306,4 +306,4 @@ def write_scales(result: KvResult, path: str) -> None:
                           {"format": result.format,
                            "checkpoint_factor": repr(result.checkpoint_factor)})
     else:
-        raise UsageError(f"out={shown(path)}: .safetensors or .json")
+        raise UsageError(Param("out", path) + ": .safetensors or .json")

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.inputs.tensors import TensorSource
 
 AXES = ("layers", "batch", "tokens", "heads", "dim")
@@ -20,7 +20,7 @@ def parse_layout(layout: str) -> tuple[str, ...]:
     axes = tuple(a.strip() for a in layout.split(","))
     unknown = [a for a in axes if a not in AXES]
     if unknown or len(set(axes)) != len(axes) or not {"heads", "dim"} <= set(axes):
-        raise UsageError(f"layout={shown(layout)}: axes from {', '.join(AXES)}, each once, "
+        raise UsageError(Param("layout", layout) + f": axes from {', '.join(AXES)}, each once, "
                          "with heads and dim (e.g. tokens,heads,dim)")
     return axes
 

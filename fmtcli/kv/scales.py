@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Param, UsageError
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import beyond_threshold, round_to_format
 
@@ -85,7 +85,7 @@ def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: Forma
         return np.maximum(np.where(q > 0, q / spec.max, base), floor).astype(np.float32)
     if candidate == "mse":
         return _mse_scale(x, base, axes, spec, floor)
-    raise UsageError(f"candidate={shown(candidate)}: one of {', '.join(CANDIDATES)}")
+    raise UsageError(Param("candidate", candidate) + f": one of {', '.join(CANDIDATES)}")
 
 
 def _mse_scale(x, base, axes, spec, floor) -> np.ndarray:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from fmtcli.base.choices import cores_available
-from fmtcli.base.errors import DataError, FmtError, UsageError, shown
+from fmtcli.base.errors import DataError, FmtError, Param, UsageError, shown
 from fmtcli.engine.chunk import ChunkKernel, Plan
 from fmtcli.engine.chunk_pass import ChunkPass
 from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials, needs_first_pass
@@ -68,7 +68,7 @@ def require_distributed(address: str = "..."):
     try:
         import distributed
     except ImportError:
-        raise UsageError(f"dask={shown(address)} needs Dask distributed, which is not "
+        raise UsageError(Param("dask", address) + " needs Dask distributed, which is not "
                          "installed", INSTALL) from None
     return distributed
 
@@ -81,13 +81,13 @@ def parse_address(address: str) -> tuple[str, int | None]:
         count = text[len("local:"):]
         most = cores_available()  # more processes than cores only compete for them
         if not (count.isdigit() and 1 <= int(count) <= most):
-            raise UsageError(f"dask={shown(address)}: local:N starts N worker processes "
+            raise UsageError(Param("dask", address) + ": local:N starts N worker processes "
                              f"here, 1 <= N <= {most} (the cores available; e.g. "
                              f"local:{most})")
         return "local", int(count)
     match = _ADDRESS.fullmatch(text)
     if match is None or not 1 <= int(match[3]) <= 65535:
-        raise UsageError(f"dask={shown(address)}: not a scheduler address "
+        raise UsageError(Param("dask", address) + ": not a scheduler address "
                          "(tcp://HOST:PORT) nor local:N")
     return (text if match[1] else f"tcp://{text}"), None
 
@@ -109,13 +109,13 @@ def connect(address: str, timeout: float | None = None):
         try:
             client = distributed.Client(kind, timeout=timeout)
         except (OSError, TimeoutError) as error:
-            raise DataError(f"dask={shown(address)}: no scheduler answered within "
+            raise DataError(Param("dask", address) + ": no scheduler answered within "
                             f"{timeout:g} s ({type(error).__name__})") from None
         try:
             client.wait_for_workers(1, timeout=timeout)
         except (OSError, TimeoutError):
             client.close()
-            raise DataError(f"dask={shown(address)}: the scheduler has no workers (none "
+            raise DataError(Param("dask", address) + ": the scheduler has no workers (none "
                             f"came within {timeout:g} s)") from None
     workers = client.scheduler_info().get("workers", {})
     where = {"dask": address, "scheduler": client.scheduler.address,
@@ -205,8 +205,8 @@ def run_items(items: list, options: Options) -> list:
     keep_freed_memory()
     try:
         return [_run_item(item, options) for item in items]
-    except FmtError as error:  # pickled by its message alone: keep the suggestion in it
-        raise type(error)(str(error)) from None
+    except FmtError as error:  # the same error, its parameters and suggestion, no traceback
+        raise type(error)(error.parts, error.suggestion_parts) from None
 
 
 def _run_item(item: tuple, options: Options):
@@ -272,7 +272,7 @@ def mapped(source: TensorSource, address: str = "...") -> MappedTensor:
     reader = ChunkReader(source)
     try:
         if reader.path is None:
-            raise UsageError(f"dask={shown(address)}: the workers read tensors from files, "
+            raise UsageError(Param("dask", address) + ": the workers read tensors from files, "
                              f"as stored: {shown(source.name)} is not a .safetensors, .npy "
                              "or uncompressed .npz tensor in C order",
                              "convert it, or run on this machine alone")
@@ -446,17 +446,17 @@ def check_options(address: str, backend: Backend | str = Backend.AUTO,
     """The address, and the options a Dask run cannot honour, as usage errors (before
     anything starts)."""
     parse_address(address)
-    where = f"dask={shown(address)}"
+    where = Param("dask", address)
     if out is not None:
-        raise UsageError(f"{where} sends back statistics only: it cannot write "
-                         f"out={shown(out)} (written on this machine, chunk by chunk)",
+        raise UsageError(where + " sends back statistics only: it cannot write " + Param("out", out)
+                         + " (written on this machine, chunk by chunk)",
                          "run on this machine alone to write it")
     if Device(device) is Device.CUDA:
-        raise UsageError(f"{where}: the workers run the CPU engine, not device='cuda'",
+        raise UsageError(where + ": the workers run the CPU engine, not " + Param("device", "cuda"),
                          "run on one GPU machine alone")
     if Backend(backend) is Backend.TORCH:
-        raise UsageError(f"{where}: the workers run the CPU engine (numpy or ml_dtypes "
-                         "casts), not backend='torch'")
+        raise UsageError(where + ": the workers run the CPU engine (numpy or ml_dtypes casts), "
+                         "not " + Param("backend", "torch"))
 
 
 def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address: str, *,
@@ -477,7 +477,7 @@ def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address
     require_distributed(address)
     schemes = with_product(schemes, product)
     if worst_blocks < 0:
-        raise UsageError(f"worst_blocks={worst_blocks}: must be >= 0")
+        raise UsageError(Param("worst_blocks", worst_blocks) + ": must be >= 0")
     usable = [s for s in sources if s.skipped is None]
     for scheme in schemes:  # backend/rounding/format refusals, before the cluster starts
         resolve(backend, Device.CPU, scheme.format, scheme.rounding)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fmtcli.base.errors import UsageError, shown
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.engine.writers import NpyWriter, codes_of, output_names, write_codes
 from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics.scaling import Product
@@ -37,7 +37,7 @@ class Output:
         self.keep = None if path is None else range(len(schemes))[out_scheme]
         self.to_npy = path is not None and path.lower().endswith(".npy")
         if self.to_npy and len(usable) != 1:
-            raise UsageError(f"out={shown(path)}: a .npy holds one tensor and there are "
+            raise UsageError(Param("out", path) + ": a .npy holds one tensor and there are "
                              f"{len(usable)}",
                              "write .npz or .safetensors")
         # the codes file's member names (distinct per tensor)

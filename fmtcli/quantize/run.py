@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.engine import run as engine
 from fmtcli.engine.results import GroupResult, QuantizeResult, SchemeRun, TensorResult, TensorSqnr
 from fmtcli.inputs.tensors import TensorSource, numpy_dtype
@@ -117,7 +117,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     native.note_if_absent(sum(sizes))
     output = Output(out, out_scheme, schemes, usable)
     if worst_blocks < 0:
-        raise UsageError(f"worst_blocks={worst_blocks}: must be >= 0")
+        raise UsageError(Param("worst_blocks", worst_blocks) + ": must be >= 0")
     note_short_rows(usable, schemes)
     totals = Totals(usable, schemes, include_buffers, worst_blocks)
     options = dict(seed=seed, chunk_elements=chunk_elements, workers=workers,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fmtcli.base.choices import HISTORY, Metric
-from fmtcli.base.errors import UsageError, shown
+from fmtcli.base.errors import Param, UsageError, shown
 from fmtcli.engine.chunk import chunk_amax
 from fmtcli.engine.results import ScaleSummary, SchemeStats
 from fmtcli.engine.run import quantize_tensor, quantize_totals, worker_count
@@ -262,7 +262,8 @@ def sequence_of(sources: list[TensorSource], first_axis: bool) -> list[TensorSou
     if not first_axis:
         return usable
     if len(usable) != 1 or len(usable[0].shape) < 2:
-        raise UsageError("first_axis=True needs one tensor with at least two dimensions")
+        raise UsageError(Param("first_axis", True)
+                         + " needs one tensor with at least two dimensions")
     source = usable[0]
     steps = []
     for t in range(source.shape[0]):
@@ -340,7 +341,7 @@ def search_scales(sources: list[TensorSource], base: Scheme, metric: Metric = Me
     non-weight buffers (``quantize.roles.is_buffer``), as quantize's total leaves them out,
     unless ``include_buffers`` (or every tensor is one); a note names what was left out."""
     if history < 1:
-        raise UsageError(f"history={history}: an amax history must be >= 1 step long")
+        raise UsageError(Param("history", history) + ": an amax history must be >= 1 step long")
     options = {"seed": seed, "workers": workers, "backend": backend, "device": device}
     if chunk_elements is not None:
         options["chunk_elements"] = chunk_elements

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fmtcli.base.errors import UsageError
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.backends import Backend, Device, cast_with_policy, resolve
 from fmtcli.numerics.fates import FATES, Fate, classify, classify_scaled, relative_error
 from fmtcli.numerics.formats import FormatSpec
@@ -123,14 +123,14 @@ def underflow_table(values: list[float], formats: list[FormatSpec], scales: list
     if not formats:
         raise UsageError("no formats given")
     if seed < 0:
-        raise UsageError(f"seed={seed}: a seed must be >= 0")
+        raise UsageError(Param("seed", seed) + ": a seed must be >= 0")
     narrow = Product(product) is Product.FLOAT32
     for scale in scales:
         if not np.isfinite(scale) or scale <= 0:
             raise UsageError(f"a scale must be a positive finite number, got {scale!r}")
         if narrow and not (F32_TINY <= scale <= F32_MAX):
             raise UsageError(f"the scale {scale!r} is not a normal float32 (the float32 "
-                             "product)", "use product='exact'")
+                             "product)", "use " + Param("product", "exact"))
     x = np.asarray(values, dtype=np.float64)
     rows_by_value: list[list[UnderflowRow]] = [[] for _ in values]
     for spec in formats:
