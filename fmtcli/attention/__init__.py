@@ -6,7 +6,8 @@
   article's example, random draws, ``--scores``/``--values`` lists and files).
 - ``accuracy`` -- standard and blockwise (online-softmax) attention of whole tensors in a
   format, FP8 emulated as FP8 kernels do (scaled Q, K, V, P cast before P V, float32
-  accumulators, optional Hadamard transform), against a float64 reference;
+  accumulators, optional Hadamard transform), against a float64 reference; ``quantized``:
+  Q, K, V as the kernel sees them (the Hadamard transform, the cast or the scaled cast);
 - ``io_model`` -- HBM bytes and FLOPs of standard attention vs FlashAttention (Dao et al.
   2022, Theorem 2, with Algorithm 1's blocks); ``timing`` -- torch's SDPA backends timed
   on a CUDA GPU; ``report`` -- ``analyse_attention``, all of ``fmt attention`` in one call.
@@ -30,8 +31,8 @@ _EXPORTS = {
     "random_inputs": "softmax_inputs", "read_numbers": "softmax_inputs",
     "AccuracyRow": "accuracy", "attention_accuracy": "accuracy",
     "reference_attention": "accuracy", "standard_attention": "accuracy",
-    "flash_attention": "accuracy", "quantize_inputs": "accuracy", "random_qkv": "accuracy",
-    "random_orthogonal_hadamard": "accuracy", "walsh_hadamard": "accuracy",
+    "flash_attention": "accuracy", "quantize_inputs": "quantized", "random_qkv": "accuracy",
+    "random_orthogonal_hadamard": "quantized", "walsh_hadamard": "quantized",
     "IoModel": "io_model", "io_model": "io_model", "TimingRow": "timing",
     "time_sdpa": "timing", "AttentionResult": "report", "AttentionSettings": "report",
     "analyse_attention": "report", "load_qkv": "report",

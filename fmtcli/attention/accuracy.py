@@ -6,11 +6,12 @@ are ``(batch, heads, seq, dim)`` and every figure is in the units of O itself.
 
 What is rounded where (F is ``--format``; "narrow" means 8 bits or fewer: FP8, FP6, FP4):
 
-- Inputs.  Wide F (FP32, FP16, BF16, any custom format of 9 bits or more): Q, K, V are cast
-  to F, no scale (IEEE overflow).  Narrow F: as FP8 attention kernels do (Shah et al. 2024,
-  FlashAttention-3, §3.3), ``x_q = cast(x * scale) / scale`` with scales from
-  ``scaling.amax_to_scale`` (amax rule, saturating cast), one per tensor or one per block of
-  ``block_q`` rows of Q / ``block_k`` rows of K and V (all ``dim`` columns, per head).
+- Inputs (``quantized``).  Wide F (FP32, FP16, BF16, any custom format of 9 bits or more):
+  Q, K, V are cast to F, no scale (IEEE overflow).  Narrow F: as FP8 attention kernels do
+  (Shah et al. 2024, FlashAttention-3, §3.3), ``x_q = cast(x * scale) / scale``
+  (``numerics.tiles``) with scales from ``scaling.amax_to_scale`` (amax rule, saturating
+  cast), one per tensor or one per block of ``block_q`` rows of Q / ``block_k`` rows of K
+  and V (all ``dim`` columns, per head).
   ``hadamard`` first multiplies Q and K by the same random orthogonal matrix
   ``diag(signs) H / sqrt(d)`` (H: Walsh-Hadamard), which leaves Q K^T unchanged and spreads
   an outlier over all d columns ("incoherent processing", FlashAttention-3 §3.3).
@@ -42,18 +43,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fmtcli.attention.ranges import (
-    check_float32_range,
-    check_scores,
-    first_flagged,
-    is_narrow,
-    overflowed,
+from fmtcli.attention.quantized import (
+    cast,
+    quantize_inputs,
+    random_orthogonal_hadamard,
+    scale_group,
+    walsh_hadamard,
 )
-from fmtcli.base.choices import Granularity, OverflowPolicy, RoundingMode
-from fmtcli.base.errors import DataError, Param, UsageError
+from fmtcli.attention.ranges import check_float32_range, check_scores, overflowed
+from fmtcli.base.choices import Granularity
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.formats import FormatSpec, get_format
-from fmtcli.numerics.rounding import round_to_format
 from fmtcli.numerics.scaling import amax_to_scale
+from fmtcli.numerics.tiles import amax_scaled_cast, check_element_format, is_narrow, scaled_cast
+
+__all__ = ["CHUNK_ELEMENTS", "METHODS", "OUTLIER_STD", "AccuracyRow", "attention_accuracy",
+           "cast", "check_format", "error_row", "flash_attention", "quantize_inputs",
+           "random_orthogonal_hadamard", "random_qkv", "reference_attention",
+           "standard_attention", "walsh_hadamard"]
 
 #: Temporaries of one group of heads stay near this many elements (float32: 128 MiB).
 CHUNK_ELEMENTS = 1 << 25
@@ -86,12 +93,10 @@ class AccuracyRow:
 
 def check_format(spec: FormatSpec) -> None:
     """Attention needs signed values and a zero: scale formats (E8M0) cannot hold it."""
-    if not spec.signed or not spec.has_zero:
-        raise UsageError(f"format={spec.name!r} is a scale format (no sign or no zero): "
-                         "attention needs a signed element format")
+    check_element_format(spec, "attention")
 
 
-# -- inputs ------------------------------------------------------------------------------
+# -- inputs (their rounding: ``quantized``) ------------------------------------------------
 
 def random_qkv(batch: int, heads: int, seq: int, dim: int, seed: int = 0,
                outliers: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,109 +116,6 @@ def random_qkv(batch: int, heads: int, seq: int, dim: int, seed: int = 0,
             x[hit] += OUTLIER_STD * rng.standard_normal(int(hit.sum()))
         out.append(x)
     return out[0], out[1], out[2]
-
-
-def walsh_hadamard(x: np.ndarray) -> np.ndarray:
-    """The unnormalised fast Walsh-Hadamard transform of ``x`` along its last axis (length a
-    power of two): ``x @ H`` with H the Sylvester Hadamard matrix, in log2(d) vectorised
-    butterfly passes (a new array; float64 stays float64)."""
-    n = x.shape[-1]
-    if n & (n - 1) or n == 0:
-        raise UsageError(f"the Hadamard transform needs a power-of-two dim, got dim={n}")
-    y = np.array(x, dtype=np.result_type(x.dtype, np.float32), copy=True)
-    lead = y.shape[:-1]
-    h = 1
-    while h < n:
-        view = y.reshape(*lead, n // (2 * h), 2, h)
-        a = view[..., 0, :].copy()
-        b = view[..., 1, :]
-        view[..., 0, :] += b
-        np.subtract(a, b, out=view[..., 1, :])
-        h *= 2
-    return y
-
-
-def random_orthogonal_hadamard(q: np.ndarray, k: np.ndarray, seed: int = 0
-                               ) -> tuple[np.ndarray, np.ndarray]:
-    """Q and K times the same random orthogonal matrix ``diag(s) H / sqrt(d)`` (s: random
-    signs from ``seed``): ``Q' K'^T = Q K^T`` exactly in real arithmetic, while an outlier
-    column is spread over all d columns before quantization (FlashAttention-3 §3.3,
-    "incoherent processing"; the QuIP idea)."""
-    d = q.shape[-1]
-    signs = np.random.default_rng([seed, 0x4AD]).choice((-1.0, 1.0), size=d)
-    norm = 1.0 / math.sqrt(d)
-    return walsh_hadamard(q * signs) * norm, walsh_hadamard(k * signs) * norm
-
-
-# -- rounding ----------------------------------------------------------------------------
-
-def cast(x: np.ndarray, spec: FormatSpec, saturate: bool = False) -> np.ndarray:
-    """``x`` (float32) rounded to ``spec``, nearest-even, as float32 (wide formats beyond
-    float32's range keep float64 values, which stay finite here)."""
-    policy = OverflowPolicy.SATURATE if saturate else OverflowPolicy.IEEE
-    r = round_to_format(np.asarray(x, dtype=np.float32), spec, RoundingMode.NEAREST_EVEN,
-                        policy)
-    return r.astype(np.float32, copy=False)
-
-
-def _tiles(x: np.ndarray, rows: int, cols: int | None) -> tuple[np.ndarray, tuple]:
-    """``x`` (g, r, c) zero-padded to whole tiles of rows x cols (cols None: all columns),
-    viewed as (g, r/rows, rows, c/cols, cols); the original (r, c)."""
-    g, r, c = x.shape
-    cols = c if cols is None else cols
-    pr, pc = -r % rows, -c % cols
-    if pr or pc:
-        x = np.pad(x, ((0, 0), (0, pr), (0, pc)))
-    return x.reshape(g, (r + pr) // rows, rows, (c + pc) // cols, cols), (r, c)
-
-
-def scaled_cast(x: np.ndarray, spec: FormatSpec, granularity: Granularity, rows: int,
-                cols: int | None = None, amax: float | None = None) -> np.ndarray:
-    """``x_q = cast(x * scale) / scale`` (float32 product, saturating cast), dequantized to
-    float32.  ``x`` is (groups, rows, columns); one scale for all of it (``TENSOR``; pass
-    ``amax`` when the tensor is larger than ``x``) or one per tile of ``rows`` x ``cols``
-    (``BLOCK``; cols None: whole rows), with the amax rule of ``scaling.amax_to_scale``."""
-    x = np.asarray(x, dtype=np.float32)
-    if granularity is Granularity.TENSOR:
-        a = float(np.max(np.abs(x))) if amax is None else amax
-        scale = np.float32(amax_to_scale(np.float64(a), spec))
-        return cast(x * scale, spec, saturate=True) / scale
-    tiles, (r, c) = _tiles(x, rows, cols)
-    scale = amax_to_scale(np.max(np.abs(tiles), axis=(2, 4), keepdims=True), spec)
-    out = cast(tiles * scale, spec, saturate=True) / scale
-    g = x.shape[0]
-    return out.reshape(g, tiles.shape[1] * rows, -1)[:, :r, :c]
-
-
-def quantize_inputs(q, k, v, spec: FormatSpec, granularity: Granularity, block_q: int,
-                    block_k: int, hadamard: bool = False, seed: int = 0,
-                    labels: tuple[str, str, str] = ("Q", "K", "V")):
-    """Q, K, V (any leading shape, (..., seq, dim)) as the kernel sees them, float32: cast
-    to a wide ``spec``, or scaled into a narrow one (module docstring); ``hadamard``
-    transforms Q and K first.  A value that float32 cannot hold, or (wide ``spec``, cast
-    without a scale) that ``spec`` cannot, is a DataError naming the input (``labels``)."""
-    if hadamard:
-        q, k = random_orthogonal_hadamard(q, k, seed)
-        labels = (f"{labels[0]} after the Hadamard transform",
-                  f"{labels[1]} after the Hadamard transform", labels[2])
-    out = []
-    for x, rows, label in ((q, block_q, labels[0]), (k, block_k, labels[1]),
-                           (v, block_k, labels[2])):
-        check_float32_range(np.asarray(x), label)
-        x32 = np.asarray(x, dtype=np.float32)
-        if not is_narrow(spec):
-            x_q = cast(x32, spec)
-            bad = ~np.isfinite(x_q)
-            if bad.any():
-                raise DataError(f"{label} holds {first_flagged(bad, x32)}, beyond {spec.name}'s "
-                                f"range (max {spec.max:g}): attention in {spec.name} casts "
-                                "it without a scale; give smaller inputs or a wider format")
-            out.append(x_q)
-            continue
-        lead = x32.shape[:-2]
-        flat = x32.reshape(-1, *x32.shape[-2:])
-        out.append(scaled_cast(flat, spec, granularity, rows).reshape(*lead, *x32.shape[-2:]))
-    return tuple(out)
 
 
 # -- the methods -------------------------------------------------------------------------
@@ -299,7 +201,8 @@ def standard_attention(qq, kq, vq, spec: FormatSpec, granularity: Granularity, b
     for i, part in enumerate(parts):
         p = cached.pop(i) if i in cached else probabilities(part)
         if is_narrow(spec):
-            p = scaled_cast(p, spec, granularity, block_q, block_k, amax=amax)
+            p = amax_scaled_cast(p, spec, scale_group(granularity, block_q, block_k),
+                                 amax=amax)
         out[part] = np.matmul(p, vf[part])
     if not is_narrow(spec):
         out = cast(out, spec)
@@ -347,7 +250,7 @@ def flash_attention(qq, kq, vq, spec: FormatSpec, block_k: int,
             alpha[np.isnan(alpha)] = 0.0
             total[:, rows] = total[:, rows] * alpha + s.sum(axis=-1, keepdims=True)
             if narrow:  # P~ <= 1: one static scale maps 1 onto the format's max
-                p = cast(s * p_scale, spec, saturate=True) / p_scale
+                p = scaled_cast(s, spec, p_scale)
             else:
                 p = cast(s, spec)
             with np.errstate(over="ignore", invalid="ignore"):  # checked after the loop

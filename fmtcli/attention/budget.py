@@ -32,10 +32,10 @@ import math
 from dataclasses import dataclass
 
 from fmtcli.attention.accuracy import CHUNK_ELEMENTS
-from fmtcli.attention.ranges import is_narrow
 from fmtcli.base.errors import UsageError
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import magic_rounding_applies
+from fmtcli.numerics.tiles import is_narrow
 
 #: The most a run may be estimated to take on two cores, and to hold.
 SECONDS = 60.0

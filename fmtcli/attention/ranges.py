@@ -14,15 +14,11 @@ import numpy as np
 
 from fmtcli.base.errors import DataError
 from fmtcli.numerics.formats import FormatSpec, get_format
+from fmtcli.numerics.tiles import is_narrow
 
 F32_MAX = float(np.finfo(np.float32).max)
 #: The smallest magnitude that a cast to float32 (nearest-even) makes inf: max + ulp / 2.
 F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
-
-
-def is_narrow(spec: FormatSpec) -> bool:
-    """Whether ``spec`` is emulated as FP8 kernels use it (scaled), not cast directly."""
-    return spec.bits <= 8
 
 
 def first_flagged(bad: np.ndarray, x: np.ndarray) -> str:

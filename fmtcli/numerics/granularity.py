@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fmtcli.base.choices import Granularity
-from fmtcli.base.errors import UsageError, shown
+from fmtcli.base.errors import Message, Param, UsageError
 
 #: The largest block or tile side ``parse`` takes.
 MAX_SIDE = 1 << 20
@@ -53,20 +53,21 @@ class ScaleGroup:
             object.__setattr__(self, "block", None)
             object.__setattr__(self, "axis", -1)
         elif self.block is None or self.block < 1:
-            raise UsageError(f"block={self.block}: a block size must be >= 1")
+            raise UsageError(Param("block", self.block) + ": a block size must be >= 1")
         elif self.axis not in (0, -1):
-            raise UsageError(f"axis={self.axis}: the block axis must be -1 (last) or 0 "
-                             "(first)")
+            raise UsageError(Param("axis", self.axis) + ": the block axis must be -1 (last) "
+                             "or 0 (first)")
         if kind is not Granularity.TILE:
             object.__setattr__(self, "tile", None)
         elif self.tile is None or min(self.tile) < 1:
-            raise UsageError(f"tile={self.tile}: tile sides must be >= 1")
+            raise UsageError(f"tile sides must be >= 1, got {self.tile[0]}x{self.tile[1]}")
         else:
             object.__setattr__(self, "tile", (int(self.tile[0]), int(self.tile[1])))
 
     @classmethod
     def parse(cls, text: str, kinds=tuple(Granularity), default_block: int = 128,
-              param: str = "granularity", message: str | None = None) -> ScaleGroup:
+              param: str = "granularity", message: Message | str | None = None
+              ) -> ScaleGroup:
         """``tensor``, ``row``, ``column``, ``block`` (``default_block``), ``block:N``,
         ``block:N,axis=0``, ``tile:RxC``, ``head`` or ``token-head``, among ``kinds``;
         anything else is a UsageError: ``message``, or one naming ``param`` and the kinds."""
@@ -91,7 +92,7 @@ class ScaleGroup:
         if group is None:
             choices = ", ".join({"block": "block:N", "tile": "tile:RxC"}.get(k.value, k.value)
                                 for k in kinds)
-            raise UsageError(message or f"{param}={shown(text)}: one of {choices}")
+            raise UsageError(message or Param(param, text) + f": one of {choices}")
         return group
 
     @property
@@ -131,7 +132,8 @@ class ScaleGroup:
         else:
             if head_dim is None or head_dim < 1 or cols % head_dim:
                 raise UsageError(f"granularity {kind.value!r} needs the width of a head "
-                                 f"dividing the {cols} columns, got head_dim={head_dim}")
+                                 f"dividing the {cols} columns, got "
+                                 + Param("head_dim", head_dim))
             shape = (rows if kind is Granularity.HEAD else 1, head_dim)
         return max(1, min(shape[0], rows)), max(1, min(shape[1], cols))
 

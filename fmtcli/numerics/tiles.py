@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fmtcli.base.choices import OverflowPolicy, RoundingMode
-from fmtcli.base.errors import UsageError
+from fmtcli.base.choices import Granularity, OverflowPolicy, RoundingMode
+from fmtcli.base.errors import Param, UsageError
 from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.granularity import ScaleGroup
 from fmtcli.numerics.rounding import beyond_threshold, round_to_format
 from fmtcli.numerics.scaling import amax_to_scale
 
@@ -41,8 +42,8 @@ def check_element_format(spec: FormatSpec, who: str) -> None:
     """Refuse a scale format (E8M0: no sign or no zero) where ``who`` ("attention", "a
     GEMM") needs a signed element format with a zero."""
     if not spec.signed or not spec.has_zero:
-        raise UsageError(f"format={spec.name!r} is a scale format (no sign or no zero): "
-                         f"{who} needs a signed element format")
+        raise UsageError(Param("format", spec.name) + " is a scale format (no sign or no "
+                         f"zero): {who} needs a signed element format")
 
 
 # -- tiles ---------------------------------------------------------------------------------
@@ -130,20 +131,19 @@ def scaled_cast(x: np.ndarray, spec: FormatSpec, scale, *, dequant: bool = False
     return from_codes(codes, scale, dequant=dequant)
 
 
-def amax_scaled_cast(x: np.ndarray, spec: FormatSpec, tr: int | None, tc: int | None,
+def amax_scaled_cast(x: np.ndarray, spec: FormatSpec, group: ScaleGroup,
                      amax: float | None = None) -> np.ndarray:
     """``x`` (..., rows, cols) as float32 through the scaled cast with the amax rule of
     ``scaling.amax_to_scale`` (float32 product, saturating nearest-even): one scale per
-    tr x tc tile of the last two axes (None: that whole side), or, with ``tr`` None, one
-    scale for all of ``x`` (``amax``: that scale's amax, when ``x`` is part of a larger
-    tensor)."""
+    tile of ``group`` in each matrix of the last two axes, or, for a ``tensor`` group, one
+    for all of ``x`` (``amax``: that scale's amax, where ``x`` is part of a larger tensor)."""
     x = np.asarray(x, dtype=np.float32)
-    if tr is None:
+    if group.kind is Granularity.TENSOR:
         if amax is None:
             amax = float(tile_amax(x.reshape(1, -1), 1, x.size)[0, 0])
         scale = np.float32(amax_to_scale(np.float64(amax), spec))
         return scaled_cast(x, spec, scale).astype(np.float32, copy=False)
-    tc = x.shape[-1] if tc is None else tc
+    tr, tc = group.tile_shape(*x.shape[-2:], x.ndim)
     scale = amax_to_scale(tile_amax(x, tr, tc), spec)[..., :, None, :, None]
     out = scaled_cast(tile_view(x, tr, tc), spec, scale).astype(np.float32, copy=False)
     return untile(out, x.shape[-2:])
