@@ -592,11 +592,11 @@ def test_scales_cell_without_a_distinct_count():
     """The CUDA path does not count distinct scales: the table says how many scales and
     their range, and no distinct figure (it once crashed formatting None)."""
     from fmtcli.engine.results import ScaleStats
-    from fmtcli.render import _scales_text
+    from fmtcli.render.quantize_cells import scales_text
 
     base = {"count": 4096, "min": 0.5, "max": 8.0, "nan": 0}
-    uncounted = _scales_text(ScaleStats(**base, distinct=None, distinct_more_than=None))
+    uncounted = scales_text(ScaleStats(**base, distinct=None, distinct_more_than=None))
     assert "4,096 scales" in uncounted and "distinct" not in uncounted
-    assert "7 distinct" in _scales_text(ScaleStats(**base, distinct=7, distinct_more_than=None))
-    capped = _scales_text(ScaleStats(**base, distinct=None, distinct_more_than=65536))
+    assert "7 distinct" in scales_text(ScaleStats(**base, distinct=7, distinct_more_than=None))
+    capped = scales_text(ScaleStats(**base, distinct=None, distinct_more_than=65536))
     assert ">65,536 distinct" in capped

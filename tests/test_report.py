@@ -12,11 +12,12 @@ import pytest
 from cli_helpers import assert_usage_error, invoke, json_of, succeeds
 from report_files import TROUBLE, bert_like
 
-from fmtcli import render
 from fmtcli.cli import quantize as quantize_cli
 from fmtcli.engine.ranking import METRICS, worst_tensors
+from fmtcli.render import quantize as quantize_render
 from fmtcli.render.csvout import FIELDS, cell
 from fmtcli.render.plaintable import dotted_lines, split_at_index
+from fmtcli.render.widgets import sparkline
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_a_handful_of_tensors_keeps_the_row_per_tensor(tmp_path):
 
 
 def test_the_cli_and_the_renderer_agree_on_the_summary_threshold():
-    assert quantize_cli.SUMMARY_ABOVE == render.SUMMARY_ABOVE
+    assert quantize_cli.SUMMARY_ABOVE == quantize_render.SUMMARY_ABOVE
 
 
 def test_the_worst_tensor_leads_and_top_limits(bert):
@@ -189,10 +190,10 @@ def test_per_tensor_names_are_whole_where_they_fit(bert):
 
 
 def test_sparkline_spans_the_exponents():
-    assert render.sparkline({3: 1, 5: 4}) == "\u2582.\u2588"
-    assert render.sparkline({0: 5}) == "\u2588"
-    assert len(render.sparkline({e: 1 for e in range(-40, 40)}, width=16)) <= 16
-    assert render.sparkline({}) == ""
+    assert sparkline({3: 1, 5: 4}) == "\u2582.\u2588"
+    assert sparkline({0: 5}) == "\u2588"
+    assert len(sparkline({e: 1 for e in range(-40, 40)}, width=16)) <= 16
+    assert sparkline({}) == ""
 
 
 def test_one_tensor_shows_its_block_facts(tmp_path):

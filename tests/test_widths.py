@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import assert_fits, json_of, succeeds
 from report_files import bert_like
 
-from fmtcli.render import input_text, value_text
+from fmtcli.render.numbers import input_text, value_text
 
 WIDTHS = [80, 120]
 

@@ -17,8 +17,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-# render.py imports this module for its RENDERERS: its names are looked up when drawn
-from fmtcli import render
+from fmtcli.render.fit import Fit
+from fmtcli.render.numbers import input_text, percent_text, value_text
 
 if TYPE_CHECKING:
     from fmtcli.arithmetic.calc import CalcFormat, CalcResult
@@ -32,12 +32,12 @@ def _exact_value(value: float) -> str:
     if value is None:
         return "-"
     if not math.isfinite(value) or value == 0:
-        return render.value_text(value)
+        return value_text(value)
     return exact_text(Fraction(value))
 
 
 def _error(value: float | None) -> str:
-    return render.value_text(value, 3)
+    return value_text(value, 3)
 
 
 # -- fmt calc --------------------------------------------------------------------------
@@ -121,11 +121,11 @@ def _calc_caption(result: CalcResult) -> str:
             f"expression's exact value {result.exact_text}")
 
 
-def render_calc(result: CalcResult) -> render.Fit:
+def render_calc(result: CalcResult) -> Fit:
     """One section per format: the steps, then the result against the exact value."""
     wide = ("format", "step", "exact", "rounded", "error", "rel", "note")
     narrow = _calc_table(result, ("format", "step", "exact", "rounded", "rel", "note"))
-    return render.Fit(_calc_table(result, wide), narrow,
+    return Fit(_calc_table(result, wide), narrow,
                       _calc_table(result, ("step", "exact", "rounded", "rel", "note")),
                       _calc_table(result, ("step", "exact", "rounded", "rel")),
                       fallback=narrow)
@@ -136,15 +136,15 @@ def render_calc(result: CalcResult) -> render.Fit:
 def _sum_text(value: float) -> str:
     """A sum: exactly where that takes at most 12 characters, else to 10 digits."""
     text = _exact_value(value)
-    return text if len(text) <= 12 else render.value_text(value, 10)
+    return text if len(text) <= 12 else value_text(value, 10)
 
 
 def _sum_table(result: SumResult, short: bool) -> Table:
     update = result.update is not None
     if update:
         u = result.update
-        title = (f"Weight w = {render.input_text(u.weight)} updated by w -= "
-                 f"{render.input_text(u.update)} (lr*grad, {result.format}), "
+        title = (f"Weight w = {input_text(u.weight)} updated by w -= "
+                 f"{input_text(u.update)} (lr*grad, {result.format}), "
                  f"{u.steps:,} times")
     else:
         order = result.order if result.order != "sequential" else "one after another"
@@ -160,17 +160,17 @@ def _sum_table(result: SumResult, short: bool) -> Table:
     for a in result.accumulators:
         lost = "-" if a.absorbed is None else f"{a.absorbed:,}"
         if a.absorbed and not short:
-            lost += f" ({render.percent_text(a.absorbed / result.count)})"
-        table.add_row(a.format, _sum_text(a.sum), render.percent_text(a.rel_error), lost,
+            lost += f" ({percent_text(a.absorbed / result.count)})"
+        table.add_row(a.format, _sum_text(a.sum), percent_text(a.rel_error), lost,
                       "-" if a.stalled_at is None else f"{a.stalled_at:,}")
     return table
 
 
 def _sum_caption(result: SumResult) -> str:
-    exact = render.value_text(result.exact, 17)
+    exact = value_text(result.exact, 17)
     if result.update is not None:
         return (f"exact: w - {result.update.steps:,} x update = "
-                f"{render.value_text(result.update.exact, 17)}; updates lost: w - update "
+                f"{value_text(result.update.exact, 17)}; updates lost: w - update "
                 "rounded back to w; stalled after: the weight never moved again after that "
                 "many updates.  Without an FP32 master copy small updates are lost "
                 "(Micikevicius et al. 2018, §3.1)")
@@ -184,7 +184,7 @@ def _sum_caption(result: SumResult) -> str:
     stalled = [a for a in result.accumulators if a.stalled_at is not None]
     for a in stalled[:4]:
         lines.append(f"{a.format}: {_exact_value(a.stalled_value)} + "
-                     f"{render.input_text(a.next_value)} = {_exact_value(a.stalled_value)} "
+                     f"{input_text(a.next_value)} = {_exact_value(a.stalled_value)} "
                      f"from value {a.stalled_at + 1:,} on")
     if result.inputs_rounded:
         lines.append(f"{result.inputs_rounded:,} of the {result.count:,} values changed when "
@@ -195,4 +195,4 @@ def _sum_caption(result: SumResult) -> str:
 def render_sum(result: SumResult) -> Group:
     """One row per accumulator: the sum, its relative error, the values absorbed, where the
     running sum stalled."""
-    return Group(render.Fit(_sum_table(result, False), _sum_table(result, True)))
+    return Group(Fit(_sum_table(result, False), _sum_table(result, True)))

@@ -13,9 +13,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-# render.py imports this module for its RENDERERS: its names are looked up when a table is
-# drawn, by then defined
-from fmtcli import render
+from fmtcli.render.fit import Fit
+from fmtcli.render.numbers import value_text
 
 if TYPE_CHECKING:
     from fmtcli.attention.io_model import IoModel
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 def _sci(value: float | None) -> str:
     """An error figure to 3 significant digits (inf, NaN and None as such)."""
-    return render.value_text(value, 3)
+    return value_text(value, 3)
 
 
 def _si(value: float, unit: str) -> str:
@@ -133,7 +132,7 @@ def _timing(result: AttentionResult) -> list:
 
     notes = [f"{row.backend}: not available: {row.reason}" for row in rows
              if not row.available]
-    parts = [Text(""), render.Fit(layout(True), layout(False))]
+    parts = [Text(""), Fit(layout(True), layout(False))]
     if notes:
         parts.append(Text("\n".join(notes), style="dim"))
     return parts
@@ -144,8 +143,8 @@ def render_attention(result: AttentionResult):
     parts: list = [Text(_shape_line(result.settings, result.io_only))]
     parts.append(Text(""))
     if not result.io_only:  # the table ends in a blank line of its own
-        parts.append(render.Fit(_accuracy(result)))
-    parts.append(render.Fit(_io(result.io)))
+        parts.append(Fit(_accuracy(result)))
+    parts.append(Fit(_io(result.io)))
     if result.timing is not None:
         parts += _timing(result)
     return Group(*parts)

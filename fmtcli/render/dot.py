@@ -12,15 +12,15 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-# render.py imports this module for its RENDERERS: its names are looked up when drawn
-from fmtcli import render
+from fmtcli.render.fit import Fit
+from fmtcli.render.numbers import percent_text, value_text
 
 if TYPE_CHECKING:
     from fmtcli.arithmetic.dot import DotResult, DotSettings, Errors
 
 
 def _sci(value: float | None) -> str:
-    return render.value_text(value, 3)
+    return value_text(value, 3)
 
 
 def _scales_text(s: DotSettings) -> str:
@@ -53,7 +53,7 @@ def _header(s: DotSettings) -> Text:
 
 
 def _errors_table(title: str, rows: list[tuple[str, Errors | None]], caption: str | None
-                  ) -> render.Fit:
+                  ) -> Fit:
     def layout(short: bool) -> Table:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
                       caption=caption, caption_justify="left")
@@ -70,7 +70,7 @@ def _errors_table(title: str, rows: list[tuple[str, Errors | None]], caption: st
                               _sci(e.calc_diff))
         return table
 
-    return render.Fit(layout(False), layout(True))
+    return Fit(layout(False), layout(True))
 
 
 def render_dot(result: DotResult):
@@ -101,7 +101,7 @@ def render_dot(result: DotResult):
                 lines.append(f"{names[r.fast_accum]}: not run: {r.reason}")
             else:
                 lines.append(f"{names[r.fast_accum]}: output {r.out_dtype}; "
-                             f"{render.percent_text(r.identical_to_emulated)} of outputs "
+                             f"{percent_text(r.identical_to_emulated)} of outputs "
                              "equal the emulation's to the bit")
         parts.append(Text("\n".join(lines)))
     return Group(*parts)

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
-# render.py imports this module for its RENDERERS: its names are looked up when a table is
-# drawn, by then defined
-from fmtcli import render
+from fmtcli.render.numbers import percent_text, value_text
+from fmtcli.render.plaintable import HeadedRows
 
 if TYPE_CHECKING:
     from fmtcli.kv import KvResult, KvStats
@@ -24,19 +23,19 @@ CAPTION = ("scale: vLLM's k_scale/v_scale, a dequantization scale: q = cast(x / 
 
 
 def _db(value: float) -> str:
-    return f"{value:.1f}" if math.isfinite(value) else render.value_text(value)
+    return f"{value:.1f}" if math.isfinite(value) else value_text(value)
 
 
 def _scales(s: KvStats) -> str:
     if s.scale_min == s.scale_max:
-        return render.value_text(s.scale_min, 3)
-    return f"{render.value_text(s.scale_min, 2)}..{render.value_text(s.scale_max, 2)}"
+        return value_text(s.scale_min, 3)
+    return f"{value_text(s.scale_min, 2)}..{value_text(s.scale_max, 2)}"
 
 
 def _cells(s: KvStats) -> list[str]:
-    return [_db(s.sqnr_db), render.percent_text(s.clipped_fraction),
-            render.percent_text(s.flushed_fraction), render.percent_text(s.p99_rel_error),
-            render.percent_text(s.max_rel_error)]
+    return [_db(s.sqnr_db), percent_text(s.clipped_fraction),
+            percent_text(s.flushed_fraction), percent_text(s.p99_rel_error),
+            percent_text(s.max_rel_error)]
 
 
 def render_kv(result: KvResult):
@@ -46,16 +45,16 @@ def render_kv(result: KvResult):
         rec = s.recommended
         rows.setdefault(s.layer, []).append((s.stream.upper(), [
             f"{rec.granularity} {rec.candidate}", _scales(rec), _db(rec.sqnr_db),
-            _db(unit.sqnr_db) if unit else "-", render.percent_text(rec.clipped_fraction),
-            render.percent_text(rec.flushed_fraction)]))
-    parts = [render.HeadedRows(
+            _db(unit.sqnr_db) if unit else "-", percent_text(rec.clipped_fraction),
+            percent_text(rec.flushed_fraction)]))
+    parts = [HeadedRows(
         f"Recommended {result.format} KV-cache scales", "", ["rule", "scale", "SQNR",
                                                               "unit", "clipped", "flushed"],
         [(f"layer {layer}", None, r) for layer, r in rows.items()], name_header="",
         caption="SQNR in dB; unit: the SQNR of scale 1.0 (vLLM's default)" + (
             "; scale: as applied on fnuz GPUs (MI300), where vLLM doubles a checkpoint's "
             "scales: --out writes half" if result.checkpoint_factor != 1 else ""))]
-    parts.append(render.HeadedRows(
+    parts.append(HeadedRows(
         "Every rule, all layers together", "rule", ["SQNR", "clipped", "flushed", "p99 rel",
                                                     "max rel"],
         [(stream.upper(), None, [(f"{s.granularity} {s.candidate}", _cells(s))
@@ -67,8 +66,8 @@ def render_kv(result: KvResult):
         rec = result.recommended_total[stream]
         if unit is not None:
             lines.append(f"{stream.upper()}: scale 1.0 gives {_db(unit.sqnr_db)} dB "
-                         f"({render.percent_text(unit.clipped_fraction)} clipped, "
-                         f"{render.percent_text(unit.flushed_fraction)} flushed); the "
+                         f"({percent_text(unit.clipped_fraction)} clipped, "
+                         f"{percent_text(unit.flushed_fraction)} flushed); the "
                          f"recommended scales {_db(rec.sqnr_db)} dB.")
     if lines:
         parts.append(Text("What unit scales cost: " + " ".join(lines)))

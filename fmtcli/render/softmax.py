@@ -17,9 +17,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-# render.py imports this module for its RENDERERS: its names are looked up when a table is
-# drawn, by then defined
-from fmtcli import render
+from fmtcli.render.fit import Fit, plain_rows
+from fmtcli.render.numbers import value_text
 
 if TYPE_CHECKING:
     from fmtcli.attention.softmax import SoftmaxBlock, SoftmaxTrace
@@ -37,7 +36,7 @@ def _digits(precision_bits: int) -> int:
 
 
 def _cell(value: float | None) -> str:
-    return "-" if value is None else render.value_text(value, TRACE_DIGITS)
+    return "-" if value is None else value_text(value, TRACE_DIGITS)
 
 
 def _component(value, worst: int = 0):
@@ -78,7 +77,7 @@ def _caption(result: SoftmaxTrace, hidden: int, scores: bool) -> str:
 def _trace_table(result: SoftmaxTrace, scores: bool, all_blocks: bool,
                  plain: bool = False) -> Table:
     """The trace; ``plain``: for thousands of rows, one-line headers and neither title nor
-    caption (the caller prints them above and below), so ``render.Fit`` draws it line by
+    caption (the caller prints them above and below), so ``Fit`` draws it line by
     line (``plaintable``)."""
     blocks, hidden = _shown_blocks(result, all_blocks)
     table = Table(title=None if plain else _title(result), title_justify="left",
@@ -117,7 +116,7 @@ def _summary(result: SoftmaxTrace) -> Table:
     exact_digits = min(17, digits + 2)
     worst = result.worst
     index = "" if result.dim is None else f"[{worst}]"
-    text = render.value_text
+    text = value_text
     rows = [(f"output{index}", text(_component(result.output, worst), digits),
              f"{result.format} (eps {text(result.eps, 2)}), after the last block"),
             (f"exact{index}", text(_component(result.reference, worst), exact_digits),
@@ -146,11 +145,11 @@ def render_softmax(result: SoftmaxTrace, all_blocks: bool = False) -> Group:
     """The trace (with each block's scores where blocks are small, else without), then the
     final output, the exact reference and their difference."""
     rows, hidden = _shown_blocks(result, all_blocks)
-    if len(rows) > render.PLAIN_ROWS:  # --all-blocks of thousands: drawn line by line
+    if len(rows) > plain_rows():  # --all-blocks of thousands: drawn line by line
         table = _trace_table(result, False, all_blocks, plain=True)
-        return Group(Text(_title(result)), render.Fit(table),
+        return Group(Text(_title(result)), Fit(table),
                      Text(_caption(result, hidden, False)), Text(""), _summary(result))
     small = all(len(b.scores) <= LISTED_SCORES for b in result.blocks)
     layouts = [_trace_table(result, True, all_blocks)] if small else []
     layouts.append(_trace_table(result, False, all_blocks))
-    return Group(render.Fit(*layouts), Text(""), _summary(result))
+    return Group(Fit(*layouts), Text(""), _summary(result))
