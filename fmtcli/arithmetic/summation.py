@@ -326,8 +326,8 @@ def _check_loop(n: int, what: str) -> None:
         raise UsageError(f"{n:,} values: a {what} sum in this format and rounding runs a "
                          f"Python loop, at most {MAX_LOOP:,} values (a sequential sum with "
                          "nearest-even of values the accumulator holds -- float16, bfloat16, "
-                         "float32, float64 -- runs vectorised: e.g. format='bf16' for a "
-                         "bfloat16 accumulator)")
+                         "float32, float64 -- runs vectorised: e.g. " + Param("format", "bf16")
+                         + " for a bfloat16 accumulator)")
 
 
 def sum_values(values, accumulators=DEFAULT_ACCUMULATORS, format: str | FormatSpec = "float32",

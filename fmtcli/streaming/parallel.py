@@ -4,7 +4,8 @@ numpy work made of many short passes holds the GIL too often for threads to scal
 on 2 cores: 1.3x at best, often none); processes scale.  Workers are forked after all
 imports, so they start in milliseconds and share the parent's memory copy-on-write.  Tasks
 return nothing: they write into arrays made by ``shared_array`` (anonymous shared maps),
-which the parent reads after the workers exit.  Nothing is pickled.
+which the parent reads after the workers exit.  Nothing is pickled but a worker's FmtError
+(its parameters travel with it).
 
 Where ``os.fork`` does not exist, or with one worker, the tasks run in this process.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import pickle
 import time
 from collections.abc import Callable
 
@@ -80,13 +82,28 @@ def _wait_for_exit(fds: list[int], timeout: float) -> None:
     select.select(fds, [], [], timeout)
 
 
+def _error_bytes(error: BaseException) -> bytes:
+    """How a worker's exception reaches the parent (at most ``_ERROR_BYTES - 1`` bytes): a
+    FmtError pickled whole, so its parameters and suggestion come too, where it fits and
+    reads back; else its kind (``fmt`` or ``other``) and text."""
+    if isinstance(error, FmtError):
+        try:
+            data = b"pickle:" + pickle.dumps(error)
+            if len(data) < _ERROR_BYTES and isinstance(pickle.loads(data[7:]), FmtError):
+                return data
+        except Exception:  # an attribute that does not pickle: its text, as below
+            pass
+    kind = "fmt" if isinstance(error, FmtError) else "other"
+    return f"{kind}:{error}".encode("utf-8", "replace")[:_ERROR_BYTES - 1]
+
+
 def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
               progress: Callable[[int], None] | None = None) -> None:
     """Run ``task(item, worker)`` for item in range(count); item i goes to worker i % workers.
 
     ``task`` returns how many elements it processed; ``progress(total_so_far)`` is called
     from this process while the work runs.  An exception in a worker is re-raised here (as
-    a DataError carrying its message, or the same FmtError type's message).
+    a DataError carrying its message: a FmtError's parameters and suggestion too).
     """
     workers = max(1, min(workers, count))
     if workers == 1 or not can_fork():
@@ -107,8 +124,7 @@ def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
                 for item in range(worker, count, workers):
                     counters[worker] += task(item, worker)
             except BaseException as error:
-                kind = "fmt" if isinstance(error, FmtError) else "other"
-                text = f"{kind}:{error}".encode("utf-8", "replace")[:_ERROR_BYTES - 1]
+                text = _error_bytes(error)
                 errors[worker, :len(text)] = np.frombuffer(text, dtype=np.uint8)
                 status = 1
             finally:
@@ -131,8 +147,11 @@ def run_tasks(task: Callable[[int, int], int], count: int, workers: int,
     for fd in pidfds.values():
         os.close(fd)
     if failed:
-        raw = bytes(errors[failed[0]]).rstrip(b"\0").decode("utf-8", "replace")
-        kind, _, message = raw.partition(":")
+        raw = bytes(errors[failed[0]]).rstrip(b"\0")
+        if raw.startswith(b"pickle:"):  # a FmtError: its parameters said as the CLI says them
+            error = pickle.loads(raw[len(b"pickle:"):])
+            raise DataError(error.parts, error.suggestion_parts)
+        kind, _, message = raw.decode("utf-8", "replace").partition(":")
         if kind == "fmt":
             raise DataError(message)
         raise RuntimeError(f"a worker process failed: {message or 'killed'}")
