@@ -47,25 +47,47 @@ What is computed (A is M x K, B is K x N; every error is in the units of C):
    ``calc_diff = 1 - 2 * sum(C R) / sum(C^2 + R^2)`` (``deep_gemm`` testing utilities).
 
 Vectorised over all M x N outputs; the only Python loop is over the K steps of ``group``.
+``gemm`` holds the quantization (items 1-2) and the accumulator (3-4), ``dot_figures`` the
+errors (5), ``dot_cuda`` the real GEMM; this module the options, the limits and the command
+(the names of all four importable from here).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from fmtcli.base.choices import AccumulationRounding, OverflowPolicy, RoundingMode
+from fmtcli.arithmetic.dot_figures import Errors, GpuRun, error_figures
+from fmtcli.arithmetic.gemm import (
+    DEFAULT_BITS,
+    GROUP,
+    TILE_BYTES,
+    Operand,
+    aligned_step,
+    emulate_gemm,
+    exact_products,
+    format_step,
+    operand_groups,
+    quantize_operand,
+    quantize_operands,
+    round_to_bits,
+    tiles,
+)
+from fmtcli.base.choices import AccumulationRounding, Granularity
 from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.numerics.formats import FormatSpec
-from fmtcli.numerics.rounding import round_to_format
-from fmtcli.numerics.scaling import amax_to_scale
+from fmtcli.numerics.granularity import ScaleGroup
+from fmtcli.numerics.tiles import check_element_format, is_narrow
 
-#: Products added in one fused step: the K of one Hopper FP8 wgmma (m64nNk32).
-GROUP = 32
-#: The default accumulator: 13 fraction bits (14 significant), DeepSeek-V3's "around 14 bits".
-DEFAULT_BITS = 13
+__all__ = ["DEFAULT_BITS", "DEFAULT_BLOCK", "GROUP", "MAX_BITS", "MAX_MEMORY", "MAX_OUTPUTS",
+           "MAX_STEPS", "MAX_WORK", "TILE_BYTES", "DotResult", "DotSettings", "Errors",
+           "GpuRun", "Operand", "aligned_step", "analyse_dot", "check_format", "check_size",
+           "emulate_gemm", "error_figures", "exact_products", "format_step",
+           "granularity_label", "is_narrow", "load_operands", "loop_steps", "memory_needed",
+           "operand_groups", "parse_granularity", "quantize_operand", "quantize_operands",
+           "random_operands", "round_to_bits", "tiles"]
+
 #: Widths the aligned-sum model holds exactly in float64 (B + 1 + log2(group + 1) <= 53).
 MAX_BITS = 40
 #: The largest M * N * K emulated (about 30 s of numpy work on two cores).
@@ -75,27 +97,12 @@ MAX_OUTPUTS = 1 << 24
 #: The memory an emulation may need (estimated before it starts, ``memory_needed``): the
 #: command then fits a 4 GiB process with room for Python and numpy themselves.
 MAX_MEMORY = 3 << 30
-#: Bytes of one tile's products (M_t x group x N_t): the emulation runs tile by tile.
-TILE_BYTES = 32 << 20
 #: Steps of the Python loop (tiles x K / group): each costs ~0.1 ms of numpy overhead.
 MAX_STEPS = 1 << 17
 DEFAULT_BLOCK = 128
 
 
 # -- results -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Errors:
-    """One output C against one float64 reference R (module docstring, item 5)."""
-
-    max_rel_error: float
-    rel_fro_error: float
-    calc_diff: float
-
-    def to_dict(self) -> dict:
-        return {"max_rel_error": self.max_rel_error, "rel_fro_error": self.rel_fro_error,
-                "calc_diff": self.calc_diff}
-
 
 @dataclass(frozen=True)
 class DotSettings:
@@ -126,32 +133,6 @@ class DotSettings:
 
 
 @dataclass(frozen=True)
-class GpuRun:
-    """One real GEMM on the GPU: its errors against both references and against the
-    emulation of the same settings; or why it could not run."""
-
-    kernel: str
-    fast_accum: bool
-    available: bool
-    reason: str | None = None
-    out_dtype: str | None = None
-    vs_quantized: Errors | None = None
-    vs_unquantized: Errors | None = None
-    vs_emulated: Errors | None = None
-    identical_to_emulated: float | None = None  # fraction of outputs equal to the bit
-
-    def to_dict(self) -> dict:
-        def d(e):
-            return None if e is None else e.to_dict()
-
-        return {"kernel": self.kernel, "fast_accum": self.fast_accum,
-                "available": self.available, "reason": self.reason,
-                "out_dtype": self.out_dtype, "vs_quantized": d(self.vs_quantized),
-                "vs_unquantized": d(self.vs_unquantized), "vs_emulated": d(self.vs_emulated),
-                "identical_to_emulated": self.identical_to_emulated}
-
-
-@dataclass(frozen=True)
 class DotResult:
     """All of ``fmt dot``: the settings; the quantization alone (exact sums of the quantized
     inputs against the unquantized product); the emulated GEMM against both references;
@@ -177,55 +158,28 @@ class DotResult:
         return out
 
 
-# -- errors --------------------------------------------------------------------------------
-
-def error_figures(c: np.ndarray, r: np.ndarray) -> Errors:
-    """C against the reference R (float64): the three figures of the module docstring.
-    A zero reference gives 0 where C is zero too, else inf (calc_diff: 0 for two zeros)."""
-    c = np.asarray(c, dtype=np.float64)
-    r = np.asarray(r, dtype=np.float64)
-    diff = c - r
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        top = float(np.max(np.abs(r))) if r.size else 0.0
-        worst = float(np.max(np.abs(diff))) if diff.size else 0.0
-        max_rel = worst / top if top > 0 else (0.0 if worst == 0 else math.inf)
-        norm_r = float(np.linalg.norm(r))
-        norm_d = float(np.linalg.norm(diff))
-        fro = norm_d / norm_r if norm_r > 0 else (0.0 if norm_d == 0 else math.inf)
-        denominator = float(np.sum(c * c + r * r))
-        calc = 1.0 - 2.0 * float(np.sum(c * r)) / denominator if denominator > 0 else 0.0
-    if not np.all(np.isfinite(c)):  # an accumulator that overflowed (FP16): say so
-        max_rel = fro = math.inf
-        calc = math.nan
-    return Errors(max_rel, fro, calc)
-
-
 # -- options -------------------------------------------------------------------------------
 
 def parse_granularity(text: str) -> tuple[str, int | None]:
-    """'tensor', 'row', 'block' or 'block:BS' -> (kind, BS or None)."""
-    value = text.strip().lower()
-    if value in ("tensor", "row"):
-        return value, None
-    if value == "block":
-        return "block", DEFAULT_BLOCK
-    if value.startswith("block:"):
-        size = value[6:]
-        if size.isdigit() and 0 < int(size) <= 1 << 20:
-            return "block", int(size)
-    raise UsageError(Param("scale_granularity", text) + " is not tensor, row or block:BS "
-                     f"(BS a block size, e.g. block:{DEFAULT_BLOCK})")
+    """'tensor', 'row', 'block' or 'block:BS' -> (kind, BS or None): the kinds of the one
+    vocabulary (``numerics.granularity``) that a GEMM takes."""
+    message = (Param("scale_granularity", text) + " is not tensor, row or block:BS "
+               f"(BS a block size, e.g. block:{DEFAULT_BLOCK})")
+    group = ScaleGroup.parse(text, (Granularity.TENSOR, Granularity.ROW, Granularity.BLOCK),
+                             DEFAULT_BLOCK, message=message)
+    if group.axis != -1:  # a GEMM's blocks run along K
+        raise UsageError(message)
+    return group.kind.value, group.block
 
 
 def granularity_label(kind: str, block: int | None) -> str:
-    return f"block:{block}" if kind == "block" else kind
+    """'tensor', 'row', 'block:BS': the text ``parse_granularity`` reads."""
+    return ScaleGroup(kind, block).spelling
 
 
 def check_format(spec: FormatSpec) -> None:
     """A GEMM's operands need a sign and a zero: scale formats (E8M0) cannot hold them."""
-    if not spec.signed or not spec.has_zero:
-        raise UsageError(Param("format", spec.name, repr) + " is a scale format (no sign or no "
-                         "zero): a GEMM needs a signed element format")
+    check_element_format(spec, "a GEMM")
 
 
 # -- inputs --------------------------------------------------------------------------------
@@ -239,18 +193,11 @@ def random_operands(m: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, 
 def load_operands(paths: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """A and B (float64, 2-D) from two files, or from one file holding two tensors (named
     a and b, else in the file's order); their names."""
-    from fmtcli.inputs.tensors import load_inputs
+    from fmtcli.inputs.pick import pick
 
-    sources = [s for s in load_inputs(paths) if s.skipped is None]
-    if len(paths) == 1:  # tensors named a and b are A and B, whatever else the file holds
-        named = [[s for s in sources if (s.key or "").lower().rsplit(".", 1)[-1] == w]
-                 for w in ("a", "b")]
-        if all(len(h) == 1 for h in named) and named[0][0] is not named[1][0]:
-            sources = [named[0][0], named[1][0]]
-    if len(sources) != 2:
-        raise DataError(f"dot takes two tensors A and B (two files, or one file holding two, "
-                        f"or named a and b); {', '.join(shown(p) for p in paths[:5])} "
-                        f"{'holds' if len(paths) == 1 else 'hold'} {len(sources)} usable")
+    sources = pick(paths, purpose="to multiply", taker="fmt dot", count=2,
+                   roles=({"a"}, {"b"}), how=" tensors A and B: two files, or one file "
+                   "holding two, or named a and b")
     for label, source in zip("AB", sources):
         shape = tuple(source.shape)
         if len(shape) != 2 or 0 in shape:
@@ -279,15 +226,6 @@ def memory_needed(m: int, n: int, k: int) -> int:
     ``error_figures`` included) and one tile's products with their temporaries (5 x
     TILE_BYTES).  Measured peaks (``/usr/bin/time``) lie below it (docs/dot.md)."""
     return 48 * (m + n) * k + 72 * m * n + 5 * TILE_BYTES
-
-
-def tiles(m: int, n: int, group: int, itemsize: int = 8) -> tuple[int, int]:
-    """Rows and columns of the output tiles: one tile's products (rows x group x cols) fill
-    at most TILE_BYTES (whole rows where they fit)."""
-    per_column = group * itemsize
-    cols = min(n, max(1, TILE_BYTES // per_column))
-    rows = min(m, max(1, TILE_BYTES // (per_column * cols)))
-    return rows, cols
 
 
 def loop_steps(m: int, n: int, k: int, group: int = GROUP,
@@ -322,189 +260,21 @@ def check_size(m: int, n: int, k: int, group: int = GROUP,
                             ": promote less often than " + Param("promote_every", promote_every)))
 
 
-# -- quantization --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Operand:
-    """One quantized operand: its codes (float32 values of the format), its float32
-    dequantization scales ``d = 1 / scale`` in their own grid, and ``x_q = code * d``."""
-
-    codes: np.ndarray
-    dequant: np.ndarray
-    values: np.ndarray  # float64, code * d (exact)
-
-
-def _expand(scales: np.ndarray, rows: int, cols: int, shape: tuple[int, int]) -> np.ndarray:
-    """A grid of per-tile values repeated over tiles of rows x cols, cut to ``shape``."""
-    return np.repeat(np.repeat(scales, rows, axis=0), cols, axis=1)[:shape[0], :shape[1]]
-
-
-def _tile_amax(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """max |x| of each rows x cols tile (the last tiles may be short)."""
-    r, c = x.shape
-    pr, pc = -r % rows, -c % cols
-    padded = np.pad(np.abs(x), ((0, pr), (0, pc)))
-    return padded.reshape((r + pr) // rows, rows, (c + pc) // cols, cols).max(axis=(1, 3))
-
-
-def is_narrow(spec: FormatSpec) -> bool:
-    """Formats of 8 bits or fewer are scaled into range, as FP8 GEMMs do; wider ones (FP16,
-    BF16, FP32) are cast as they are (scale 1): scaling them to their max would only
-    overflow the products."""
-    return spec.bits <= 8
-
-
-def quantize_operand(x: np.ndarray, spec: FormatSpec, rows: int, cols: int) -> Operand:
-    """``x`` scaled per tile of rows x cols (the whole matrix for a tensor scale), cast to
-    ``spec`` (float32 product, saturating nearest-even), with its dequantization scales;
-    a wide format (``is_narrow`` false) is cast with scale 1."""
-    x32 = np.asarray(x, dtype=np.float32)
-    rows, cols = min(rows, x.shape[0]), min(cols, x.shape[1])  # a tile beyond x: all of x
-    amax = _tile_amax(x32, rows, cols)
-    if is_narrow(spec):
-        scale = amax_to_scale(amax, spec).astype(np.float32)
-    else:
-        scale = np.ones(amax.shape, dtype=np.float32)
-    dequant = (np.float32(1.0) / scale).astype(np.float32)
-    full = _expand(scale, rows, cols, x.shape)
-    codes = round_to_format(x32 * full, spec, RoundingMode.NEAREST_EVEN, OverflowPolicy.SATURATE)
-    # products of codes must be exact: float32 holds 24 significant bits, 2 x 12 at most
-    exact32 = codes.dtype != np.float64 and spec.mantissa_bits <= 11
-    codes = np.asarray(codes, dtype=np.float32 if exact32 else np.float64)
-    values = codes.astype(np.float64) * _expand(dequant, rows, cols, x.shape).astype(np.float64)
-    return Operand(codes, dequant, values)
-
-
-def quantize_operands(a: np.ndarray, b: np.ndarray, spec: FormatSpec, kind: str,
-                      block: int | None) -> tuple[Operand, Operand]:
-    """A and B quantized with the tiles of ``kind`` (module docstring, item 1)."""
-    (m, k), n = a.shape, b.shape[1]
-    if kind == "tensor":
-        return quantize_operand(a, spec, m, k), quantize_operand(b, spec, k, n)
-    if kind == "row":
-        return quantize_operand(a, spec, 1, k), quantize_operand(b, spec, k, 1)
-    return quantize_operand(a, spec, 1, block), quantize_operand(b, spec, block, block)
-
-
-# -- the accumulator -----------------------------------------------------------------------
-
-def _cut(x: np.ndarray, rounding: AccumulationRounding) -> np.ndarray:
-    """To an integer: toward zero, or to nearest with ties to even."""
-    return np.trunc(x) if rounding is AccumulationRounding.TOWARD_ZERO else np.rint(x)
-
-
-def round_to_bits(x: np.ndarray, bits: int, rounding: AccumulationRounding) -> np.ndarray:
-    """``x`` (float64) to a float of ``bits`` fraction bits (bits + 1 significant), with an
-    unbounded exponent."""
-    _, e = np.frexp(x)  # x = f * 2**e, 0.5 <= |f| < 1: the leading bit is worth 2**(e - 1)
-    inverse = np.ldexp(1.0, bits + 1 - e)
-    return _cut(x * inverse, rounding) / inverse
-
-
-def aligned_step(acc: np.ndarray, products: np.ndarray, bits: int,
-                 rounding: AccumulationRounding) -> np.ndarray:
-    """One fused step of the tensor-core model: ``acc`` (M x N, float64) plus
-    ``products`` (M x g x N): every term aligned to the largest exponent among them and cut
-    to ``bits`` fraction bits below its leading bit, the cut terms added exactly, the sum cut
-    to ``bits`` fraction bits again (module docstring, item 3)."""
-    top = np.maximum(np.abs(acc), np.abs(products).max(axis=1))
-    _, e = np.frexp(top)
-    inverse = np.ldexp(1.0, bits + 1 - e)  # one unit of the aligned grid is 1 / inverse
-    if products.dtype == np.float32 and bits <= 22:  # exact in float32: the cheap path
-        inverse_w = inverse.astype(np.float32)[:, None, :]
-    else:
-        inverse_w = inverse[:, None, :]
-    terms = _cut(products * inverse_w, rounding).sum(axis=1, dtype=np.float64)
-    total = (terms + _cut(acc * inverse, rounding)) / inverse
-    return round_to_bits(total, bits, rounding)
-
-
-def format_step(acc: np.ndarray, products: np.ndarray, spec: FormatSpec,
-                rounding: AccumulationRounding) -> np.ndarray:
-    """One step of an ordinary accumulator in ``spec``: ``acc + sum(products)`` (exact in
-    float64 for FP8 products) rounded once to ``spec``."""
-    total = acc + products.sum(axis=1, dtype=np.float64)
-    mode = RoundingMode(rounding.value)
-    return np.asarray(round_to_format(total, spec, mode, OverflowPolicy.IEEE), dtype=np.float64)
-
-
-def _k_factor(a: Operand, b: Operand, kind: str, block: int | None, k0: int,
-              n: int, c0: int = 0) -> np.ndarray | np.float32:
-    """The float32 dequantization factor ``d_a * d_b`` of the K range starting at k0 (one
-    scale block), per output or for all; B's columns start at ``c0`` (a tile)."""
-    if kind == "tensor":
-        return np.float32(a.dequant[0, 0] * b.dequant[0, 0])
-    if kind == "row":
-        return (a.dequant[:, :1] * b.dequant[:1, :]).astype(np.float32)
-    kb = k0 // block
-    db = b.dequant[kb:kb + 1, np.arange(c0, c0 + n) // block]  # each column's block
-    return (a.dequant[:, kb:kb + 1] * db).astype(np.float32)
-
-
-def emulate_gemm(a: Operand, b: Operand, kind: str, block: int | None, *,
-                 bits: int | None = DEFAULT_BITS, accumulator: FormatSpec | None = None,
-                 rounding: AccumulationRounding = AccumulationRounding.TOWARD_ZERO,
-                 promote_every: int | None = None, group: int = GROUP) -> np.ndarray:
-    """The float32 output C of the GEMM of two quantized operands with the limited
-    accumulator (``bits`` or ``accumulator``) in steps of ``group`` products, promoted to
-    FP32 every ``promote_every`` elements of K (None: never)."""
-    m, k = a.codes.shape
-    n = b.codes.shape[1]
-    interval = k if promote_every is None else promote_every
-    if kind == "block" and k > block and block % interval:
-        if promote_every is None:
-            raise UsageError(f"block:{block} scales change along K every {block}: promote "
-                             f"the partial sums within each block (e.g. "
-                             + Param("promote_every", block) + ")")
-        raise UsageError(Param("promote_every", interval) + " does not divide the scale block "
-                         f"{block}: a partial sum must stay within one block")
-    out = np.zeros((m, n), dtype=np.float32)
-    wide = a.codes.dtype == np.float64 or b.codes.dtype == np.float64
-    rows, cols = tiles(m, n, group, 8 if wide else 4)
-    for r0 in range(0, m, rows):  # every output depends on its row of A and column of B
-        ta = Operand(a.codes[r0:r0 + rows], a.dequant if kind == "tensor" else
-                     a.dequant[r0:r0 + rows], a.values[r0:r0 + rows])
-        for c0 in range(0, n, cols):
-            tb = Operand(b.codes[:, c0:c0 + cols], b.dequant if kind == "tensor" else
-                         b.dequant[:, c0:c0 + cols] if kind == "row" else b.dequant,
-                         b.values[:, c0:c0 + cols])
-            out[r0:r0 + rows, c0:c0 + cols] = _emulate_tile(
-                ta, tb, kind, block, c0, bits, accumulator, rounding, interval, group, wide)
-    return out
-
-
-def _emulate_tile(a: Operand, b: Operand, kind: str, block: int | None, c0: int,
-                  bits: int | None, accumulator: FormatSpec | None,
-                  rounding: AccumulationRounding, interval: int, group: int,
-                  wide: bool) -> np.ndarray:
-    """The outputs of one tile: A's rows and B's columns (from column ``c0`` of B, which
-    keeps its whole block scales), K in steps of ``group``, promoted every ``interval``."""
-    m, k = a.codes.shape
-    n = b.codes.shape[1]
-    out = np.zeros((m, n), dtype=np.float32)
-    for start in range(0, k, interval):
-        stop = min(start + interval, k)
-        acc = np.zeros((m, n), dtype=np.float64)
-        for g0 in range(start, stop, group):
-            g1 = min(g0 + group, stop)
-            pa = a.codes[:, g0:g1]
-            pb = b.codes[g0:g1, :]
-            if wide:
-                pa, pb = pa.astype(np.float64), pb.astype(np.float64)
-            products = pa[:, :, None] * pb[None, :, :]  # (M, g, N), exact
-            if accumulator is None:
-                acc = aligned_step(acc, products, bits, rounding)
-            else:
-                acc = format_step(acc, products, accumulator, rounding)
-        factor = _k_factor(a, b, kind, block, start, n, c0)
-        with np.errstate(over="ignore", invalid="ignore"):
-            out = (out + acc.astype(np.float32) * factor).astype(np.float32)
-    return out
-
-
-def exact_products(a: Operand, b: Operand) -> np.ndarray:
-    """The float64 product of the quantized inputs (the accumulation's reference)."""
-    return a.values @ b.values
+def _accumulator_bits(accumulator_bits: int | None, accumulator: FormatSpec | None
+                      ) -> int | None:
+    """The tensor-core model's fraction bits (default 13), or None for an ordinary
+    ``accumulator`` format; refused: both given, bits outside 1..MAX_BITS, a scale format."""
+    if accumulator_bits is not None and accumulator is not None:
+        raise UsageError("accumulator_bits and accumulator are alternatives: give one")
+    if accumulator is None:
+        bits = DEFAULT_BITS if accumulator_bits is None else accumulator_bits
+        if not 1 <= bits <= MAX_BITS:
+            raise UsageError(Param("accumulator_bits", bits) + f" is outside 1..{MAX_BITS}")
+        return bits
+    if not accumulator.signed or not accumulator.has_zero:
+        raise UsageError(Param("accumulator", accumulator.name, repr) + " is a scale format: "
+                         "an accumulator needs a sign and a zero")
+    return None
 
 
 # -- the whole command ---------------------------------------------------------------------
@@ -523,17 +293,7 @@ def analyse_dot(spec: FormatSpec, *, m: int = 256, n: int = 256, k: int = 4096,
     check_format(spec)
     rounding = AccumulationRounding(rounding)
     kind, block = parse_granularity(granularity)
-    if accumulator_bits is not None and accumulator is not None:
-        raise UsageError("accumulator_bits and accumulator are alternatives: give one")
-    if accumulator is None:
-        bits = DEFAULT_BITS if accumulator_bits is None else accumulator_bits
-        if not 1 <= bits <= MAX_BITS:
-            raise UsageError(Param("accumulator_bits", bits) + f" is outside 1..{MAX_BITS}")
-    else:
-        bits = None
-        if not accumulator.signed or not accumulator.has_zero:
-            raise UsageError(Param("accumulator", accumulator.name, repr) + " is a scale format: "
-                             "an accumulator needs a sign and a zero")
+    bits = _accumulator_bits(accumulator_bits, accumulator)
     if promote_every is not None and promote_every < 1:
         raise UsageError(Param("promote_every", promote_every) + " must be at least 1")
     if group < 1:

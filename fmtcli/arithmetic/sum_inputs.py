@@ -4,7 +4,6 @@ none, the article's 0.01 ten thousand times) and the summation order's name."""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -67,18 +66,10 @@ def check_count(n: int, name: str) -> None:
 
 
 def _read_file(path: str) -> tuple[np.ndarray, str]:
-    from fmtcli.inputs.tensors import load_path
+    from fmtcli.inputs import pick
 
-    if os.path.isdir(path):
-        raise DataError(f"{shown(path)} is a directory (give one file)")
-    sources = load_path(path)
-    usable = [s for s in sources if s.skipped is None]
-    where = "<stdin>" if path == "-" else shown(path)
-    if len(usable) != 1:
-        why = "; ".join(f"{shown(s.name)}: {s.skipped}" for s in sources[:3] if s.skipped)
-        raise DataError(f"{where} holds {len(usable)} usable tensors (fmt sum takes one)"
-                        + (f" ({why})" if why else ""))
-    source = usable[0]
+    source = pick.pick_file(path, purpose="to sum", taker="fmt sum")
+    where = pick.where(path)
     if source.size > MAX_VALUES:
         raise DataError(f"{where}: {source.size:,} values (at most {MAX_VALUES:,})")
     if source.size == 0:

@@ -95,20 +95,11 @@ def load_qkv(paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, tupl
     """Q, K, V as float64 (batch, heads, seq, dim) arrays from three files (in that order) or
     one file of three tensors (named q/k/v or query/key/value, else in the file's order);
     their names.  K and V must have the same shape, Q the same batch, heads and dim."""
-    from fmtcli.inputs.tensors import load_inputs
+    from fmtcli.inputs.pick import pick
 
-    sources = [s for s in load_inputs(paths) if s.skipped is None]
-    if len(sources) != 3:
-        raise DataError(f"attention takes three tensors Q, K, V (three files, or one file "
-                        f"holding three); {', '.join(shown(p) for p in paths[:5])} hold "
-                        f"{len(sources)} usable")
-    if len(paths) == 1:
-        named = []
-        for wanted in QKV_NAMES:
-            hits = [s for s in sources if (s.key or "").lower().rsplit(".", 1)[-1] in wanted]
-            named.append(hits[0] if len(hits) == 1 else None)
-        if all(named) and len({id(s) for s in named}) == 3:
-            sources = named
+    sources = pick(paths, purpose="to attend over", taker="fmt attention", count=3,
+                   roles=QKV_NAMES, how=" tensors Q, K, V: three files, or one file holding "
+                   "three, or named q, k, v (query, key, value)")
     elements = sum(s.size for s in sources)
     if BASE_BYTES + elements * ELEMENT_BYTES > BYTES:  # before reading them as float64
         raise UsageError(f"Q, K, V hold {elements:,} elements: the CPU emulation would hold "

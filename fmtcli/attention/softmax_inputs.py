@@ -15,7 +15,8 @@ from fmtcli.attention.softmax import (
     MAX_KEYS,
 )
 from fmtcli.base.errors import BadValueError, DataError, Param, UsageError, shown
-from fmtcli.inputs.tensors import SUFFIXES, load_path
+from fmtcli.inputs import pick
+from fmtcli.inputs.files import SUFFIXES
 from fmtcli.numerics.literals import parse_values
 
 
@@ -60,18 +61,8 @@ def read_numbers(text: str, option: str, matrix: bool = False
             if not (os.path.exists(text) or text.lower().endswith(SUFFIXES)):
                 raise UsageError(f"{option} {shown(text)} is neither a list of numbers "
                                  f"({error.message}) nor a file") from None
-    if os.path.isdir(text):
-        raise DataError(f"{shown(text)} is a directory ({option} takes one file)")
-    sources = load_path(text)
-    usable = [s for s in sources if s.skipped is None]
-    where = "<stdin>" if text == "-" else shown(text)
-    if len(sources) == 1 and not usable:
-        raise DataError(f"{where}: {sources[0].skipped}")
-    if len(usable) != 1:
-        why = "; ".join(f"{shown(s.name)}: {s.skipped}" for s in sources[:3] if s.skipped)
-        raise DataError(f"{where} holds {len(usable)} usable tensors ({option} takes one)"
-                        + (f" ({why})" if why and not usable else ""))
-    source = usable[0]
+    source = pick.pick_file(text, purpose="for the softmax", taker=option)
+    where = pick.where(text)
     if source.size > MAX_ELEMENTS:
         raise DataError(f"{where}: {source.size:,} numbers (at most {MAX_ELEMENTS:,})")
     array = np.asarray(source.array(), dtype=np.float64)
