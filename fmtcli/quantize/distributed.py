@@ -10,16 +10,17 @@ engine's own, so the report is the one machine's, number for number:
   themselves, from paths every worker sees (a shared filesystem): a task carries a file
   name and an offset, and only small accumulators come back (per-chunk records of sums,
   sparse integer histograms, scale summaries), never values nor scale grids.
-- A whole small tensor is ``engine.quantize_tensor`` on one process.  A large tensor's
-  chunks run through ``engine.ChunkPass`` (the engine's per-chunk function) and come back
-  as ``ChunkPass.part``; the client takes each in (``absorb``) and merges them in chunk
-  order (``runs``), exactly as the engine merges its forked workers: counts, extrema,
-  histograms (hence quantiles) and the float64 sums are bit-identical to a local run.
+- A whole small tensor is ``engine.run.quantize_tensor`` on one process.  A large
+  tensor's chunks run through ``engine.chunk_pass.ChunkPass`` (the engine's per-chunk
+  function) and come back as ``ChunkPass.part`` (``dask_tasks``: what a worker runs); the
+  client takes each in (``absorb``) and merges them in chunk order (``runs``), exactly as
+  the engine merges its forked workers: counts, extrema, histograms (hence quantiles) and
+  the float64 sums are bit-identical to a local run.
 - Scales that span a tensor (per-tensor, per-column, percentile, NVFP4's tensor scale) need
-  the engine's first pass: it runs as tasks too (``engine.first_pass_partials``: maxima and
+  the engine's first pass: it runs as tasks too (``first_pass.first_pass_partials``: maxima and
   histograms, exact in any order), the client sets the scales (``apply_first_pass``) and
   then submits the tensor's chunk tasks.
-- ``engine.quantize`` does everything else (totals, groups, worst blocks, in checkpoint
+- ``quantize.run.quantize`` does everything else (totals, groups, worst blocks, in checkpoint
   order), with a ``run_tensor`` that waits for each tensor's runs from the cluster.
 
 A worker lost mid-run changes nothing: Dask reruns its tasks elsewhere, and every part is
@@ -29,32 +30,33 @@ a pure function of (file, byte range, plans).  Progress counts the bytes of comp
 from __future__ import annotations
 
 import logging
-import math
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fmtcli.base.choices import cores_available
-from fmtcli.base.errors import DataError, FmtError, Param, UsageError, shown
-from fmtcli.engine.chunk import ChunkKernel, Plan
+from fmtcli.base.errors import DataError, FmtError, Param, UsageError
+from fmtcli.engine.chunk import Plan
 from fmtcli.engine.chunk_pass import ChunkPass
-from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials, needs_first_pass
-from fmtcli.engine.results import QuantizeResult, SchemeRun
-from fmtcli.engine.run import plan_schemes, quantize_tensor, with_product
+from fmtcli.engine.first_pass import apply_first_pass, needs_first_pass
+from fmtcli.engine.results import QuantizeResult
+from fmtcli.engine.run import plan_schemes, with_product
 from fmtcli.inputs.tensors import TensorSource, numpy_dtype
 from fmtcli.numerics.backends import Backend, Device, resolve
 from fmtcli.numerics.schemes import Scheme
-from fmtcli.quantize.run import quantize
-from fmtcli.streaming.stream import (
-    CHUNK_ELEMENTS,
-    ChunkReader,
-    chunk_slices,
-    keep_freed_memory,
-    matrix_shape,
+from fmtcli.quantize.dask_tasks import (
+    MappedTensor,
+    Options,
+    dense,
+    mapped,
+    run_items,
+    unpack_run,
 )
+from fmtcli.quantize.run import quantize
+from fmtcli.streaming.stream import CHUNK_ELEMENTS, chunk_slices, matrix_shape
 
 INSTALL = "pip install 'fmtcli[dask]'"
 TASK_BYTES = 64 << 20  # data per task: long enough to hide a task's ~1 ms of overhead
@@ -124,124 +126,6 @@ def connect(address: str, timeout: float | None = None):
     return client, cluster, where
 
 
-# -- what travels: small arrays as their nonzero entries ------------------------------------
-
-def _sparse(array: np.ndarray | None):
-    """An integer array as (shape, flat indices of its nonzero entries, their values)."""
-    if array is None:
-        return None
-    flat = np.ascontiguousarray(array).reshape(-1)
-    keys = np.flatnonzero(flat)
-    return array.shape, keys, flat[keys]
-
-
-def _dense(packed) -> np.ndarray | None:
-    if packed is None:
-        return None
-    shape, keys, values = packed
-    out = np.zeros(math.prod(shape), values.dtype if values.size else np.int64)
-    out[keys] = values
-    return out.reshape(shape)
-
-
-def _pack_run(run: SchemeRun):
-    """A ``SchemeRun`` without its dense histograms, and those as sparse arrays."""
-    blocks = None if run.blocks is None else replace(run.blocks, fractions=None)
-    light = replace(run, acc=replace(run.acc, hist=None), exponents=None, blocks=blocks)
-    return (light, _sparse(run.acc.hist), _sparse(run.exponents),
-            None if run.blocks is None else _sparse(run.blocks.fractions))
-
-
-def _unpack_run(packed) -> SchemeRun:
-    light, hist, exponents, fractions = packed
-    blocks = None if light.blocks is None else replace(light.blocks,
-                                                       fractions=_dense(fractions))
-    acc = replace(light.acc, hist=None if hist is None else _dense(hist))
-    return replace(light, acc=acc, exponents=_dense(exponents), blocks=blocks)
-
-
-# -- the worker side --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MappedTensor:
-    """What a worker needs to read a tensor: its name (for messages and the stochastic
-    rounding seed), shape and dtype, and where its bytes lie (an absolute path, an offset)
-    and in which byte order ('=' native, or '>' / '<': a big-endian .npy stays big-endian)."""
-
-    source: str
-    key: str | None
-    shape: tuple[int, ...]
-    dtype: str
-    path: str
-    offset: int
-    byteorder: str = "="
-
-    def open(self) -> TensorSource:
-        from fmtcli.inputs.npyfile import memory_map
-
-        stored = numpy_dtype(self.dtype).newbyteorder(self.byteorder)
-
-        def opener():
-            return memory_map(self.path, stored, self.offset, self.shape or (1,))
-
-        return TensorSource(self.source, self.key, self.shape, self.dtype, opener)
-
-
-@dataclass(frozen=True)
-class Options:
-    """The options every task shares."""
-
-    schemes: tuple[Scheme, ...]
-    seed: int
-    chunk_elements: int
-    worst: int
-    backend: Backend
-    device: Device = Device.CPU
-
-
-def run_items(items: list, options: Options) -> list:
-    """A task: each item is ``('whole', tensor)``, ``('amax', tensor, plans, first, stop)``
-    or ``('chunks', tensor, plans, first, stop)``; returns one small result per item."""
-    keep_freed_memory()
-    try:
-        return [_run_item(item, options) for item in items]
-    except FmtError as error:  # the same error, its parameters and suggestion, no traceback
-        raise type(error)(error.parts, error.suggestion_parts) from None
-
-
-def _run_item(item: tuple, options: Options):
-    kind, tensor = item[0], item[1]
-    source = tensor.open()
-    if kind == "whole":
-        runs, _ = quantize_tensor(source, list(options.schemes), seed=options.seed,
-                                  chunk_elements=options.chunk_elements, workers=1,
-                                  backend=options.backend, device=options.device,
-                                  worst=options.worst)
-        return [_pack_run(run) for run in runs]
-    plans, first, stop = item[2:]
-    for plan in plans:  # as the engine makes them: writable, in native byte order (Dask's
-        if plan.scales is not None:  # transport may hand back read-only '<f4' views)
-            plan.scales = np.array(plan.scales, plan.scales.dtype.newbyteorder("="))
-    reader = ChunkReader(source)
-    try:
-        rows, cols = matrix_shape(source.shape)
-        chunks = chunk_slices(rows, cols, plans, options.chunk_elements)
-        if kind == "amax":
-            partial, hists = first_pass_partials(reader, chunks[first:stop], plans, 1)
-            return partial, _sparse(hists)
-        kernels = [ChunkKernel(p, options.seed, options.backend, options.device, source.name,
-                               options.worst) for p in plans]
-        work = ChunkPass(plans, kernels, rows, cols, chunks, 1, options.worst, False)
-        for index in range(first, stop):
-            work.task(reader, index, 0)
-        part = work.part(first, stop)
-        part["hists"], part["fractions"] = _sparse(part["hists"]), _sparse(part["fractions"])
-        part["scales"] = [None if s is None else (s[0], _sparse(s[1])) for s in part["scales"]]
-        return part
-    finally:
-        reader.close()
-
-
 # -- the client side --------------------------------------------------------------------------
 
 @dataclass
@@ -263,32 +147,11 @@ class _Tensor:
     runs: list | None = None
 
 
-def mapped(source: TensorSource, address: str = "...") -> MappedTensor:
-    """Where a tensor's bytes lie in its file (a memory map's file and offset), or a usage
-    error: workers read files, so data that is not stored as is (text, stdin, .pt, a
-    compressed .npz member, a Fortran-order .npy) cannot go to them."""
-    import os
-
-    reader = ChunkReader(source)
-    try:
-        if reader.path is None:
-            raise UsageError(Param("dask", address) + ": the workers read tensors from files, "
-                             f"as stored: {shown(source.name)} is not a .safetensors, .npy "
-                             "or uncompressed .npz tensor in C order",
-                             "convert it, or run on this machine alone")
-        return MappedTensor(source.source, source.key, tuple(source.shape), source.dtype,
-                            os.path.abspath(reader.path), int(reader.offset),
-                            reader.source_dtype.byteorder if not reader.source_dtype.isnative
-                            else "=")
-    finally:
-        reader.close()
-
-
 class DaskScan:
     """The tasks of one ``quantize`` run on a cluster, submitted at once in checkpoint
     order (earlier tensors first), and their results gathered as they complete.
 
-    ``run_tensor`` (``engine.quantize``'s hook) waits for one tensor's runs, taking in
+    ``run_tensor`` (``quantize.run.quantize``'s hook) waits for one tensor's runs, taking in
     whatever else completes meanwhile: a first pass's last part submits that tensor's
     chunk tasks; a finished tensor's runs wait until ``quantize`` asks for them."""
 
@@ -389,7 +252,7 @@ class DaskScan:
         kind = meta[0]
         if kind == "whole":
             for tensor, packed in zip(meta[1], result):
-                tensor.runs = [_unpack_run(p) for p in packed]
+                tensor.runs = [unpack_run(p) for p in packed]
                 tensor.waiting = 0
                 self.done += tensor.nbytes
         else:
@@ -406,8 +269,8 @@ class DaskScan:
     def _take_maxima(self, tensor: _Tensor, maxima: list, hists) -> None:
         tensor.maxima.append(maxima)
         if hists is not None:
-            dense = _dense(hists)
-            tensor.hists = dense if tensor.hists is None else tensor.hists + dense
+            found = dense(hists)
+            tensor.hists = found if tensor.hists is None else tensor.hists + found
         if tensor.waiting:
             return
         partial = [np.concatenate(found) for found in zip(*tensor.maxima)]
@@ -420,14 +283,14 @@ class DaskScan:
             rows, cols = matrix_shape(tensor.source.shape)
             tensor.work = ChunkPass(tensor.plans, [], rows, cols, tensor.chunks, 1,
                                     self.options.worst, False, grids=False)
-        part["hists"], part["fractions"] = _dense(part["hists"]), _dense(part["fractions"])
-        part["scales"] = [None if s is None else (s[0], _dense(s[1])) for s in part["scales"]]
+        part["hists"], part["fractions"] = dense(part["hists"]), dense(part["fractions"])
+        part["scales"] = [None if s is None else (s[0], dense(s[1])) for s in part["scales"]]
         tensor.work.absorb(part)
         if not tensor.waiting:
             tensor.runs, tensor.work = tensor.work.runs(), None
 
     def run_tensor(self, source: TensorSource, schemes, **_options):
-        """``engine.quantize``'s ``run_tensor``: this tensor's runs, once they are in."""
+        """``quantize.run.quantize``'s ``run_tensor``: this tensor's runs, once they are in."""
         tensor = self.tensors[id(source)]
         while tensor.runs is None:
             self._take()
@@ -468,7 +331,7 @@ def quantize_on_dask(sources: list[TensorSource], schemes: list[Scheme], address
                      task_bytes: int = TASK_BYTES, timeout: float | None = None,
                      connected: Callable[[dict], None] | None = None,
                      include_buffers: bool = False) -> tuple[QuantizeResult, dict]:
-    """``engine.quantize`` on the Dask cluster at ``address`` (``local:N`` or a scheduler):
+    """``quantize.run.quantize`` on the Dask cluster at ``address`` (``local:N`` or a scheduler):
     the same ``QuantizeResult``, and ``where`` it ran (``connect``).  Options as
     ``quantize``'s (no ``out``; CPU casts only).  ``task_bytes``: the data a task reads.
     ``timeout``: seconds to reach the scheduler and find a worker (``CONNECT_TIMEOUT``).
