@@ -26,6 +26,7 @@ from cli_helpers import (
 )
 
 from fmtcli.arithmetic import dot as D
+from fmtcli.arithmetic import gemm as G
 from fmtcli.base.choices import AccumulationRounding
 from fmtcli.base.errors import UsageError
 from fmtcli.numerics.formats import get_format
@@ -166,12 +167,12 @@ def test_tiles_give_the_whole_matrix_s_outputs_bit_for_bit(monkeypatch, granular
     qa, qb = D.quantize_operands(a, b, E4M3, kind, block)
     acc = None if accumulator is None else get_format(accumulator)
     whole = D.emulate_gemm(qa, qb, kind, block, accumulator=acc, promote_every=promote)
-    monkeypatch.setattr(D, "TILE_BYTES", 32 * 4 * 7)  # tiles of 7 columns, one row
-    assert D.tiles(29, 45, 32, 4) == (1, 7)
+    monkeypatch.setattr(G, "TILE_BYTES", 32 * 4 * 7)  # tiles of 7 columns, one row
+    assert G.tiles(29, 45, 32, 4) == (1, 7)
     tiled = D.emulate_gemm(qa, qb, kind, block, accumulator=acc, promote_every=promote)
     assert np.array_equal(whole, tiled)
-    monkeypatch.setattr(D, "TILE_BYTES", 32 * 4 * 45 * 5)  # five whole rows a tile
-    assert D.tiles(29, 45, 32, 4) == (5, 45)
+    monkeypatch.setattr(G, "TILE_BYTES", 32 * 4 * 45 * 5)  # five whole rows a tile
+    assert G.tiles(29, 45, 32, 4) == (5, 45)
     assert np.array_equal(whole, D.emulate_gemm(qa, qb, kind, block, accumulator=acc,
                                                 promote_every=promote))
 

@@ -1,6 +1,6 @@
 """The real FP8 GEMM on a CUDA GPU: ``torch._scaled_mm`` with and without its
 fast-accumulation flag, on the same codes and dequantization scales as the emulation
-(``arithmetic.dot``), with the same errors against float64.
+(``arithmetic.gemm``), with the same errors against float64 (``arithmetic.dot_figures``).
 
 ``torch._scaled_mm(a, b, scale_a, scale_b, out_dtype, use_fast_accum)`` computes
 ``(a @ b) * scale_a * scale_b`` for FP8 ``a`` (row-major) and ``b`` (column-major), with
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fmtcli.arithmetic.dot import GpuRun, Operand, error_figures
+from fmtcli.arithmetic.dot_figures import GpuRun, error_figures
+from fmtcli.arithmetic.gemm import Operand
 from fmtcli.base.errors import Param, UsageError
 
 #: FP8 formats torch has dtypes (and _scaled_mm kernels) for.
