@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from fmtcli.arithmetic.expression import Node, check_cost, computed, exact_value, parse_expression
-from fmtcli.arithmetic.ops import Arithmetic, arithmetic_spec, format_label
+from fmtcli.arithmetic.ops import Arithmetic
 from fmtcli.arithmetic.ratio import Ratio, ratio_text, relative
 from fmtcli.base.choices import RoundingMode
 from fmtcli.base.errors import UsageError
+from fmtcli.numerics.format_names import arithmetic_spec, format_label
 from fmtcli.numerics.formats import FormatSpec
 
 Number = Ratio | Fraction | float

@@ -40,33 +40,18 @@ import numpy as np
 
 from fmtcli.arithmetic.pairs import finish, overflow_value
 from fmtcli.base.choices import OverflowPolicy, RoundingMode
-from fmtcli.base.errors import UsageError, shown
-from fmtcli.numerics.formats import FormatSpec, Specials, resolve_format
+from fmtcli.base.errors import UsageError
+
+# defined with the other format names; fmtcli.arithmetic exports it from here
+from fmtcli.numerics.format_names import arithmetic_spec as arithmetic_spec
+from fmtcli.numerics.format_names import parse_formats
+from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import round_to_format
 
-FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
 #: Bits of the square roots in "exact" references (a square root is rarely rational).
 REFERENCE_BITS = 256
 
 Number = Fraction | float
-
-
-def arithmetic_spec(name: str) -> tuple[FormatSpec, str | None]:
-    """The spec of a format name and its note (``formats.resolve_format``), with float64
-    (fp64, double) as e11m52: arithmetic may be done in float64 here."""
-    if name.strip().lower() in FLOAT64_NAMES:
-        return resolve_format("e11m52")[0], None
-    return resolve_format(name)
-
-
-def is_float64(spec: FormatSpec) -> bool:
-    return (spec.exponent_bits, spec.mantissa_bits, spec.bias) == (11, 52, 1023) \
-        and spec.signed and spec.subnormals and spec.specials is Specials.IEEE
-
-
-def format_label(spec: FormatSpec) -> str:
-    """The name results show: float64 for e11m52."""
-    return "float64" if is_float64(spec) else spec.name
 
 
 def _round_up(mode: RoundingMode, negative: bool, units: int, rest: int, den: int,
@@ -296,18 +281,4 @@ class Arithmetic:
 def arithmetic_specs(names, default: tuple[str, ...] = ()) -> tuple[list[FormatSpec], list[str]]:
     """Specs for format names (each may be a comma list; float64 allowed; duplicates
     dropped, order kept) and the notes of ambiguous names.  An empty name is a UsageError."""
-    specs: list[FormatSpec] = []
-    notes: list[str] = []
-    for name in names or default:
-        parts = [part.strip() for part in name.split(",")]
-        if not all(parts):
-            raise UsageError(f"empty format name in {shown(name)}", "e.g. bf16,fp16,fp32")
-        for part in parts:
-            spec, note = arithmetic_spec(part)
-            if note:
-                notes.append(note)
-            if spec not in specs:
-                specs.append(spec)
-    if not specs:
-        raise UsageError("no formats given", "e.g. bf16,fp16,fp32")
-    return specs, notes
+    return parse_formats(names, default, example="e.g. bf16,fp16,fp32", float64=True)

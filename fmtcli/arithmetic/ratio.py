@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from fmtcli.arithmetic.exactsum import ratio_to_float
+from fmtcli.numerics.exactsum import ratio_to_float
 
 
 def _twos(x: int) -> int:

@@ -40,11 +40,11 @@ numpy's float64 arithmetic (nearest-even), with nothing rounded again.
 The reference is computed in extended precision: exponentials and products in
 ``np.longdouble`` (64 significand bits on x86), each sum exact to well below longdouble's
 rounding (the products' float64 high parts added pairwise without error, by TwoSum, the low
-parts beside them: ``_two_sum_tree``), one division: within a few 1e-19 of the average of
-``|v|`` (relative) where longdouble is x87's, a few 1e-16 where it is float64.  Products are
-scaled by a power of two where their sum could pass float64's max (values near 1e308), and
-the scale put back after the division.  All of it is vectorised over keys and components:
-2**20 keys of 16 components take seconds.
+parts beside them: ``numerics.exactsum.column_sums``), one division: within a few 1e-19 of
+the average of ``|v|`` (relative) where longdouble is x87's, a few 1e-16 where it is
+float64.  Products are scaled by a power of two where their sum could pass float64's max
+(values near 1e308), and the scale put back after the division.  All of it is vectorised
+over keys and components: 2**20 keys of 16 components take seconds.
 
 The recurrence across blocks is a Python loop (each block needs the one before); ``l`` and
 ``acc`` are rounded together (one call per step), and a rescale of exactly 1 (the max did
@@ -58,8 +58,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fmtcli.attention.exact import magnitude as _magnitude
-from fmtcli.attention.exact import weighted_averages as _weighted_averages
 from fmtcli.attention.limits import (
     SOFTMAX_MAX_BLOCK,
     SOFTMAX_MAX_BLOCKS,
@@ -67,9 +65,12 @@ from fmtcli.attention.limits import (
     SOFTMAX_MAX_KEYS,
     SOFTMAX_MAX_TRACE,
 )
+from fmtcli.attention.reference import magnitude as _magnitude
+from fmtcli.attention.reference import weighted_averages as _weighted_averages
 from fmtcli.base.choices import RoundingMode
 from fmtcli.base.errors import Param, UsageError
-from fmtcli.numerics.formats import FormatSpec, resolve_format
+from fmtcli.numerics.format_names import arithmetic_spec, format_label, is_float64
+from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import round_to_format
 
 #: The article's worked example: one query, four keys, blocks of two.
@@ -84,25 +85,7 @@ MAX_ELEMENTS = SOFTMAX_MAX_ELEMENTS  # keys x components of the values
 MAX_BLOCK = SOFTMAX_MAX_BLOCK  # keys summed one after another in a block
 MAX_BLOCKS = SOFTMAX_MAX_BLOCKS
 MAX_TRACE = SOFTMAX_MAX_TRACE  # blocks x components recorded in the trace
-FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
 ARITHMETIC = "max exact; s-m, exp, every product, every sum and acc/l rounded to {f} ({how})"
-
-
-def arithmetic_format(name: str) -> tuple[FormatSpec, str | None]:
-    """The format of a name (as ``formats.resolve_format``, with its note), and float64 as
-    the custom e11m52: the running statistics may be kept in float64 here."""
-    if name.strip().lower() in FLOAT64_NAMES:
-        return resolve_format("e11m52")[0], None
-    return resolve_format(name)
-
-
-def is_float64(spec: FormatSpec) -> bool:
-    return (spec.exponent_bits, spec.mantissa_bits, spec.bias) == (11, 52, 1023) \
-        and spec.signed and spec.subnormals and spec.specials.value == "ieee"
-
-
-def format_label(spec: FormatSpec) -> str:
-    return "float64" if is_float64(spec) else spec.name
 
 
 @dataclass(frozen=True)
@@ -285,7 +268,7 @@ def online_softmax(scores, values, block: int = DEFAULT_BLOCK,
     number or one row per key), in blocks of ``block`` keys, every operation of the running
     statistics rounded to ``format`` (see the module docstring for which, and how); its
     trace, final output, exact reference and error.  ``seed`` seeds stochastic rounding."""
-    spec = arithmetic_format(format)[0] if isinstance(format, str) else format
+    spec = arithmetic_spec(format)[0] if isinstance(format, str) else format
     try:
         rounding = RoundingMode(rounding)
     except ValueError as error:

@@ -53,13 +53,9 @@ def softmax_command(
     operation rounded to --format; then the output beside the exact softmax-weighted
     average.  With no input: the article's example (scores 1,3,2,0; values 10,20,30,40).
     """
-    from fmtcli.attention.softmax import (
-        ARTICLE_BLOCK,
-        DEFAULT_BLOCK,
-        arithmetic_format,
-        online_softmax,
-    )
+    from fmtcli.attention.softmax import ARTICLE_BLOCK, DEFAULT_BLOCK, online_softmax
     from fmtcli.attention.softmax_inputs import article_example, random_inputs, read_numbers
+    from fmtcli.numerics.format_names import arithmetic_spec
 
     check_not_empty(format=format_name)
     if "," in format_name:
@@ -75,7 +71,7 @@ def softmax_command(
     if scores == values == "-":
         raise UsageError("--scores and --values are both '-' (standard input): it can be read "
                          "once")
-    spec, message = arithmetic_format(format_name)
+    spec, message = arithmetic_spec(format_name)
     if message:
         note(message)
     if random is not None:
