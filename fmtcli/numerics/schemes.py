@@ -23,6 +23,7 @@ from enum import Enum
 from fmtcli.base.choices import Granularity
 from fmtcli.base.errors import Message, Param, UsageError
 from fmtcli.numerics.formats import FormatSpec, get_format
+from fmtcli.numerics.granularity import HEAD_KINDS, ScaleGroup
 from fmtcli.numerics.rounding import OverflowPolicy, RoundingMode
 from fmtcli.numerics.scaling import MX_RULES, Product, ScaleRule
 
@@ -64,6 +65,9 @@ class Scheme:
         if self.axis not in (0, -1):
             raise UsageError(Param("axis", self.axis) + ": the block axis must be -1 (last) or 0 "
                              "(first)")
+        if self.granularity in HEAD_KINDS:
+            raise UsageError(f"granularity {self.granularity.value!r} is a KV cache's (fmt "
+                             "kv): a scheme takes tensor, row, column, block or tile")
         if not -16 <= self.margin <= 64:
             raise UsageError(Param("margin", self.margin) + ": a margin must be 0..64")
         if (self.scale_rule is ScaleRule.PERCENTILE) != (self.percentile is not None):
@@ -87,35 +91,23 @@ class Scheme:
         if self.scale_format is ScaleFormat.E4M3_FP32 and self.scale_rule is not ScaleRule.AMAX:
             raise UsageError("NVFP4 two-level scales use the amax rule")
 
+    @property
+    def group(self) -> ScaleGroup:
+        """What one scale covers, in the vocabulary every analysis shares."""
+        return ScaleGroup(self.granularity, self.block, self.axis, self.tile)
+
     def tile_shape(self, rows: int, cols: int, ndim: int = 2) -> tuple[int, int]:
         """The (rows, columns) of the tile that shares one scale, clipped to the matrix.
 
         For a 1-D tensor (one row) both axes name its only axis: blocks run along it."""
-        g = self.granularity
-        if g is Granularity.TENSOR:
-            shape = (rows, cols)
-        elif g is Granularity.ROW:
-            shape = (1, cols)
-        elif g is Granularity.COLUMN:
-            shape = (rows, 1)
-        elif g is Granularity.BLOCK:
-            shape = (1, self.block) if self.axis == -1 or ndim <= 1 else (self.block, 1)
-        else:
-            shape = self.tile
-        return max(1, min(shape[0], rows)), max(1, min(shape[1], cols))
+        return self.group.tile_shape(rows, cols, ndim)
 
     @property
     def label(self) -> str:
         """Short column header: 'per-tensor', 'block 128', 'tile 128x128', 'mxfp8', ..."""
-        g = self.granularity
-        if g is Granularity.BLOCK:
-            text = f"block {self.block}" + (" (axis 0)" if self.axis == 0 else "")
-        elif g is Granularity.TILE:
-            text = f"tile {self.tile[0]}x{self.tile[1]}"
-            if self.weight_tile:
-                text += f" ({self.weight_tile[0]}x{self.weight_tile[1]} weights)"
-        else:
-            text = f"per-{g.value}"
+        text = self.group.label
+        if self.granularity is Granularity.TILE and self.weight_tile:
+            text += f" ({self.weight_tile[0]}x{self.weight_tile[1]} weights)"
         return f"{self.recipe}: {text}" if self.recipe else text
 
     def to_dict(self) -> dict:
