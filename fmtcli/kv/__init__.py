@@ -64,6 +64,7 @@ from fmtcli.kv.inputs import (
 from fmtcli.kv.scales import (
     CANDIDATES,
     FLOAT32_TINY,
+    KV_KINDS,
     TinyScale,
     candidate_scale,
     checkpoint_factor,
@@ -74,13 +75,13 @@ from fmtcli.numerics.formats import FormatSpec
 from fmtcli.streaming.metrics import ErrorAccumulator
 
 __all__ = ["AXES", "CANDIDATES", "DEFAULT_LAYOUT", "FLOAT32_TINY", "GRANULARITIES",
-           "K_NAMES", "KV_FORMATS", "KvResult", "KvStats", "STORED", "StreamResult",
+           "K_NAMES", "KV_FORMATS", "KV_KINDS", "KvResult", "KvStats", "STORED", "StreamResult",
            "TinyScale", "V_NAMES", "analyse_kv", "candidate_scale", "checkpoint_factor",
            "example_kv", "kv_streams", "measure", "parse_layout", "round_trip",
            "smallest_scale", "stream_of", "vllm_name", "write_scales"]
 
-GRANULARITIES = ("tensor", "head", "token-head")
-STORED = ("tensor", "head")  # what a checkpoint holds; token-head scales are dynamic
+GRANULARITIES = tuple(kind.value for kind in KV_KINDS)  # numerics.granularity's spellings
+STORED = GRANULARITIES[:2]  # what a checkpoint holds (tensor, head); token-head's are dynamic
 KV_FORMATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2")
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from fmtcli.base.choices import Granularity
 from fmtcli.base.errors import DataError, Param, UsageError
 from fmtcli.numerics.formats import FormatSpec
-from fmtcli.numerics.rounding import beyond_threshold, round_to_format
+from fmtcli.numerics.granularity import ScaleGroup
+from fmtcli.numerics.tiles import from_codes, tile_amax, to_codes
 
 CANDIDATES = ("unit", "amax", "amax-x2", "p99.99", "mse")
 FLOAT32_TINY = 2.0 ** -126  # float32's smallest normal: the smallest scale written
@@ -26,21 +28,37 @@ class TinyScale(DataError):
     """A group of values too small for a float32 scale (its amax / fp8_max < 2^-126)."""
 
 
+#: What one scale covers in a KV cache (``numerics.granularity``): a layer's K or V, a head
+#: of it, a token's head.
+KV_KINDS = (Granularity.TENSOR, Granularity.HEAD, Granularity.TOKEN_HEAD)
+
+
 def _group_axes(granularity: str) -> tuple[int, ...]:
     """The axes of (tokens, heads, dim) a scale spans."""
-    return {"tensor": (0, 1, 2), "head": (0, 2), "token-head": (2,)}[granularity]
+    return {Granularity.TENSOR: (0, 1, 2), Granularity.HEAD: (0, 2),
+            Granularity.TOKEN_HEAD: (2,)}[Granularity(granularity)]
+
+
+def group_amax(x: np.ndarray, granularity: str) -> np.ndarray:
+    """amax of every group of x (tokens, heads, dim), broadcastable to x (kept dims): the
+    tiles of ``granularity`` in the matrix (tokens, heads x dim), by ``numerics.tiles``."""
+    tokens, heads, dim = x.shape
+    group = ScaleGroup(Granularity(granularity))
+    tr, tc = group.tile_shape(tokens, heads * dim, head_dim=dim)
+    amax = tile_amax(x.reshape(tokens, heads * dim), tr, tc)
+    return amax.reshape(amax.shape[0], -1, 1)
 
 
 def round_trip(x: np.ndarray, k_scale: np.ndarray, spec: FormatSpec
                ) -> tuple[np.ndarray, int]:
-    """vLLM's round trip: q = saturating cast(x / k_scale), x_hat = q * k_scale (float32);
-    the dequantized values and how many clipped (those that would have rounded past the
-    format's max: ``rounding.beyond_threshold``; 448.01 rounds to 448 and is not clipped)."""
-    scaled = (x / k_scale).astype(np.float32, copy=False)
-    clipped = int(np.count_nonzero(np.abs(scaled) >= beyond_threshold(spec)))
-    q = round_to_format(scaled, spec, overflow="saturate")
+    """vLLM's round trip: q = saturating cast(x / k_scale), x_hat = q * k_scale (float32:
+    ``numerics.tiles``' scaled cast in the dequantization direction); the dequantized values
+    and how many clipped (those that would have rounded past the format's max:
+    ``rounding.beyond_threshold``; 448.01 rounds to 448 and is not clipped)."""
+    q, clipped = to_codes(x, spec, k_scale, dequant=True, count_clipped=True,
+                          product_dtype=np.float32)
     with np.errstate(over="ignore"):  # q * k_scale past float32's max is inf, as in vLLM
-        return (q * k_scale).astype(np.float32, copy=False), clipped
+        return from_codes(q, k_scale, dequant=True).astype(np.float32, copy=False), clipped
 
 
 def _squared_error(x: np.ndarray, x_hat: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -63,7 +81,7 @@ def candidate_scale(x: np.ndarray, granularity: str, candidate: str, spec: Forma
     computed in float64 and given as float32 (never below ``smallest_scale``).  Raises
     ``TinyScale`` where a nonzero group's amax / fp8_max is below it."""
     axes = _group_axes(granularity)
-    amax = np.abs(x).max(axis=axes, keepdims=True).astype(np.float64)
+    amax = group_amax(x, granularity).astype(np.float64)
     base = np.where(amax > 0, amax / spec.max, 1.0)
     floor = smallest_scale(spec)
     if candidate != "unit" and (base < floor).any():

@@ -102,14 +102,18 @@ def untile(view: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 def to_codes(x: np.ndarray, spec: FormatSpec, scale, *, dequant: bool = False,
              rounding: RoundingMode = RoundingMode.NEAREST_EVEN,
              overflow: OverflowPolicy = OverflowPolicy.SATURATE,
-             count_clipped: bool = False):
+             count_clipped: bool = False, product_dtype=None):
     """``cast(x * scale)`` (``dequant``: ``cast(x / scale)``, ``scale`` a dequantization
     scale), ``scale`` broadcastable to ``x``; rounded by ``rounding.round_to_format``
-    (saturating by default, as scaled recipes cast).  The codes are values of ``spec``, in
-    the product's dtype (float64 for a format past float32's range).  ``count_clipped``:
-    also how many products reach ``rounding.beyond_threshold`` (those that would round past
-    the format's max: 448.01 rounds to 448 and is not one), as ``(codes, count)``."""
+    (saturating by default, as scaled recipes cast).  The product is in the dtype of ``x``
+    and ``scale`` (``product_dtype``: rounded to it first, as a kernel that holds it in
+    float32 does).  The codes are values of ``spec``, in the product's dtype (float64 for
+    a format past float32's range).  ``count_clipped``: also how many products reach
+    ``rounding.beyond_threshold`` (those that would round past the format's max: 448.01
+    rounds to 448 and is not one), as ``(codes, count)``."""
     product = np.divide(x, scale) if dequant else np.multiply(x, scale)
+    if product_dtype is not None:
+        product = product.astype(product_dtype, copy=False)
     codes = round_to_format(product, spec, rounding, overflow)
     if not count_clipped:
         return codes
