@@ -1,9 +1,10 @@
-"""The per-chunk arithmetic of ``fmt quantize``: tile amax, scales, scaled cast, statistics.
+"""The per-chunk arithmetic of ``fmt quantize``: scale, scaled cast, divide back, statistics.
 
 Direction: ``x_q = cast(x * scale) / scale``.  One ``ChunkKernel`` applies one scheme to one
-2-D float32 (or float64) chunk of a tensor's matrix view; ``quantize`` streams the chunks.
-A bfloat16 or float16 chunk may come as stored: the compiled kernel reads it so, and the
-numpy path widens it to float32 first (``widened``).
+2-D float32 (or float64) chunk of a tensor's matrix view; ``chunk_pass`` streams the chunks.
+A bfloat16 or float16 chunk may come as stored: the compiled kernel reads it so
+(``chunk_native``), and the numpy path widens it to float32 first (``widened``).  Tile
+amax, scales and plans are ``chunk_parts``.
 
 The product ``x * scale`` follows the scheme's ``product`` (``scaling.Product``): under
 ``float32`` the chunk is taken as float32 (float64 data rounded to float32; a finite value
@@ -20,9 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from fmtcli.base.errors import DataError, Param, shown
+from fmtcli.engine.chunk_native import accumulator, compiled_pass, magic
+from fmtcli.engine.chunk_parts import (
+    BlockFacts,
+    Plan,
+    chunk_amax,
+    scales_for,
+    tile_percentile,
+    widened,
+)
 from fmtcli.numerics import native
 from fmtcli.numerics.backends import Backend, Device, cast_with_policy
-from fmtcli.numerics.formats import Specials, get_format
+from fmtcli.numerics.formats import Specials
 from fmtcli.numerics.rounding import (
     PositionalUniform,
     RoundingMode,
@@ -34,115 +44,11 @@ from fmtcli.numerics.rounding import (
     round_float32_nearest_even,
     round_unbounded,
 )
-from fmtcli.numerics.scaling import (
-    F32_MAX,
-    F32_TINY,
-    NVFP4_SCALE_FORMAT,
-    Product,
-    ScaleRule,
-    amax_to_scale,
-    scale_to_e4m3,
-)
-from fmtcli.numerics.schemes import OverflowPolicy, ScaleFormat, Scheme
+from fmtcli.numerics.scaling import Product, ScaleRule
+from fmtcli.numerics.schemes import OverflowPolicy, ScaleFormat
 from fmtcli.numerics.tiles import tile_amax
 from fmtcli.streaming.blocks import block_sizes
 from fmtcli.streaming.metrics import ErrorAccumulator
-from fmtcli.streaming.stream import widen
-
-
-@dataclass
-class Plan:
-    """One scheme applied to one tensor: its tile and, if global, its precomputed scales."""
-
-    scheme: Scheme
-    tile: tuple[int, int]
-    is_global: bool  # its tiles span every row (or the whole single row): scales come first
-    needs_tensor_amax: bool = False  # NVFP4's two-level scales need the tensor's amax first
-    scales: np.ndarray | None = None  # global schemes: (1, n_tile_columns)
-    tensor_scale: float | None = None  # NVFP4's float32 per-tensor scale
-
-
-def chunk_amax(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
-    """``numerics.tiles.tile_amax`` as float32 (float64 data: float64), by the compiled
-    kernel for a contiguous float32, bfloat16 or float16 chunk where it is built (one pass,
-    no padded or widened copy), else by numpy."""
-    kernel = native.module()
-    if kernel is None or native.kind_of(x.dtype) is None or not x.flags.c_contiguous:
-        return tile_amax(x if x.dtype.itemsize > 2 else widen(x, np.float32), tr, tc)
-    rows, cols = x.shape
-    out = np.empty((-(-rows // tr), -(-cols // tc)), np.float32)
-    buffer, kind = native.values(x)
-    kernel.tile_amax(buffer, rows, cols, tr, tc, out, kind)
-    return out
-
-
-def widened(x: np.ndarray, shared: dict) -> np.ndarray:
-    """A chunk read as stored (bfloat16, float16: ``ChunkReader.read(as_stored=True)``) as
-    float32, widened once per chunk and kept in ``shared`` for the chunk's other schemes;
-    float32 and float64 chunks as they are."""
-    if x.dtype.itemsize > 2:
-        return x
-    if "widened" not in shared:
-        shared["widened"] = widen(x, np.float32)
-    return shared["widened"]
-
-
-def tile_percentile(x: np.ndarray, tr: int, tc: int, q: float) -> np.ndarray:
-    """The q-th percentile (in percent, linear interpolation) of |x| in every (tr x tc) tile
-    of an unpadded chunk; a ragged edge tile counts only its own elements, and a tile
-    holding NaN gets NaN (as its amax would)."""
-    rows, cols = x.shape
-    pr, pc = (-rows) % tr, (-cols) % tc
-    a = np.abs(x)
-    if pr or pc:
-        a = np.pad(a, ((0, pr), (0, pc)), constant_values=np.nan)
-    grid = a.reshape(a.shape[0] // tr, tr, a.shape[1] // tc, tc).transpose(0, 2, 1, 3)
-    flat = grid.reshape(grid.shape[0], grid.shape[1], tr * tc)
-    if pr or pc:
-        result = np.nanpercentile(flat, q, axis=2)
-        result[np.isnan(tile_amax(x, tr, tc))] = np.nan  # NaN of the data, not the padding
-    else:
-        result = np.percentile(flat, q, axis=2)
-    return result.astype(x.dtype)
-
-
-def scales_for(amax: np.ndarray, plan: Plan) -> np.ndarray:
-    """Scales for tile amaxes under the plan's scheme (x_q = cast(x*scale)/scale): float32,
-    float64 under the exact product (``scaling.amax_to_scale``); NVFP4's are float32 always
-    (its scale format is pinned: E4M3 times float32)."""
-    scheme = plan.scheme
-    if scheme.scale_format is ScaleFormat.E4M3_FP32:
-        # NVFP4: decode scale per block d = e4m3(amax / max_elem * g), g the tensor scale;
-        # the element is cast(x * g / d).  d may be an E4M3 subnormal or 0, as Transformer
-        # Engine computes it (torchao clamps d up to 2**-6, E4M3's smallest normal; blocks far
-        # below the tensor's amax then differ).  A block whose d underflows to 0 decodes to 0.
-        # Its scale g / 0 is inf; the kernel writes its x_q as 0.
-        g = np.float32(plan.tensor_scale)
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            decode = scale_to_e4m3(amax.astype(np.float32) / np.float32(scheme.format.max) * g)
-            scale = g / decode
-        return np.where(amax == 0, np.float32(1), scale).astype(np.float32)
-    kernel = native.module()
-    if (kernel is not None and scheme.scale_rule is ScaleRule.AMAX
-            and scheme.product is Product.FLOAT32 and amax.dtype == np.float32
-            and scheme.format.max <= F32_MAX and amax.flags.c_contiguous):
-        out = np.empty(amax.shape, np.float32)  # the same rule in one compiled loop
-        kernel.amax_scales(amax, out, amax.size, np.float32(scheme.format.max),
-                           2.0 ** -scheme.margin)
-        return out
-    return amax_to_scale(amax, scheme.format, scheme.scale_rule, scheme.margin, scheme.product)
-
-
-def nvfp4_tensor_scale(amax: float, scheme: Scheme) -> float:
-    """NVFP4's per-tensor float32 scale: amax maps to max_elem * max_e4m3 (6 * 448: the
-    largest value a block can hold, its largest E4M3 block scale times FP4's max), kept in
-    float32's normal range (beyond it, under the exact product, the largest values saturate
-    rather than the scale becoming 0 or inf)."""
-    if not (amax > 0) or not math.isfinite(amax):
-        return 1.0
-    block_scale_max = get_format(NVFP4_SCALE_FORMAT).max  # 448
-    return float(np.float32(min(max(scheme.format.max * block_scale_max / amax, F32_TINY),
-                                F32_MAX)))
 
 
 def _positions(origin: tuple[int, int, int], padded: tuple[int, int], shape4) -> np.ndarray:
@@ -164,31 +70,49 @@ def _wide_quotient(r: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(narrow) | ~np.isfinite(wide), narrow, wide)
 
 
-_SCRATCH = [np.empty(0, np.float32)]
+@dataclass
+class _Chunk:
+    """One chunk as a scheme's pass sees it: ``x`` as read (unpadded; 16-bit as stored
+    where the compiled kernel reads it), ``xp`` padded to whole tiles of ``tile`` with
+    zeros, ``xw`` what gets scaled (float32, or float64 under the exact product; None for a
+    chunk as stored), and ``origin`` (first row, first column, columns of the matrix)."""
 
+    x: np.ndarray
+    xp: np.ndarray
+    xw: np.ndarray | None
+    tile: tuple[int, int]
+    origin: tuple[int, int, int]
 
-def scratch(size: int) -> np.ndarray:
-    """A float32 work array of ``size`` values for the compiled kernel, one per process
-    and reused by every kernel and chunk: a fresh array per scheme costs a page fault per
-    page written (measured: 29 candidate scales of a 384 x 384 tensor ran at 2.6 ns a
-    value instead of 0.4)."""
-    if _SCRATCH[0].size < size:
-        _SCRATCH[0] = np.empty(max(size, 2 * _SCRATCH[0].size), np.float32)
-    return _SCRATCH[0][:size]
+    @property
+    def padding(self) -> int:
+        return self.xp.size - self.x.size
+
+    @property
+    def shape4(self) -> tuple[int, int, int, int]:
+        """The padded chunk's tile view: (tile rows, tr, tile columns, tc)."""
+        tr, tc = self.tile
+        return (self.xp.shape[0] // tr, tr, self.xp.shape[1] // tc, tc)
 
 
 @dataclass
-class BlockFacts:
-    """What one chunk's blocks did (schemes whose blocks fit in a chunk): per block, values
-    flushed to zero and values in it; how many blocks saturated a value; with worst blocks
-    asked for, each block's largest relative error (NaN where it has no nonzero value)."""
+class _Scales:
+    """A chunk's scales under one plan: ``scale`` per tile; for local tiles (scales of the
+    chunk's own) also ``local`` (the same, returned to the grid), their ``amax``, the
+    chunk's max |x| ``x_max``, ``peak`` (a bound on every |x * scale|) and ``in_range``
+    (known that nothing rounds past max under the scheme's rounding)."""
 
-    flushed: np.ndarray  # (block rows, block columns) of the chunk
-    sizes: np.ndarray
-    saturating: int
-    amax: np.ndarray
     scale: np.ndarray
-    max_rel: np.ndarray | None = None
+    local: np.ndarray | None = None
+    amax: np.ndarray | None = None
+    x_max: float | None = None
+    peak: float | None = None
+    in_range: bool = False
+
+
+def _padded(x: np.ndarray, tr: int, tc: int) -> np.ndarray:
+    """``x`` padded with zeros to whole (tr x tc) tiles (itself where it has them)."""
+    pr, pc = (-x.shape[0]) % tr, (-x.shape[1]) % tc
+    return np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
 
 
 class ChunkKernel:
@@ -227,11 +151,7 @@ class ChunkKernel:
         self.saturates = (plan.scheme.overflow is OverflowPolicy.SATURATE
                           or not (self.spec.has_inf or self.spec.has_nan))
         if self.native is not None:
-            m = self.spec.mantissa_bits
-            self.magic = (int(np.float32(self.spec.smallest_normal).view(np.uint32)),
-                          int(np.float32(2.0 ** (self.spec.max_exponent + 1))
-                              .view(np.uint32)),
-                          (23 - m) << 23)
+            self.magic = magic(self.spec)  # its rounding constants
 
     def run(self, x: np.ndarray, origin: tuple[int, int, int], hist: np.ndarray,
             keep: str | None, shared: dict | None = None):
@@ -266,138 +186,161 @@ class ChunkKernel:
         return xw
 
     def _run(self, x, origin, hist, keep, shared):
-        plan, spec, scheme = self.plan, self.spec, self.plan.scheme
+        """``run`` (under its errstate): the compiled kernel where it applies, else numpy."""
+        scheme = self.plan.scheme
         # a bfloat16/float16 chunk as stored goes to the compiled kernel as it is (no
         # widened copy); what else needs float32 values widens it (once per chunk)
         as_stored = x.dtype.itemsize == 2
         if as_stored and (self.native is None or keep is not None
                           or scheme.scale_rule is ScaleRule.PERCENTILE):
             x, as_stored = widened(x, shared), False
-        tr, tc = plan.tile
-        rows, cols = x.shape
-        if plan.is_global:
-            tr = rows  # the chunk is one band of the global tiles
-            tc = min(tc, cols)  # a tile spanning a long row: the chunk is part of one tile
-        pr, pc = (-rows) % tr, (-cols) % tc
-        xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
-        padding = xp.size - x.size
+        tr, tc = self.plan.tile
+        if self.plan.is_global:
+            tr = x.shape[0]  # the chunk is one band of the global tiles
+            tc = min(tc, x.shape[1])  # a tile spanning a long row: the chunk is part of one
+        xp = _padded(x, tr, tc)
         # what gets scaled: float32, or float64 (exact product); the kernel's own for a
         # chunk as stored
-        xw = None if as_stored else self._working(xp)
-        local_scales = local_amax = x_max = None
-        in_range = False  # known that no |x * scale| exceeds the format's max
-        peak = None  # max |x * scale| bound of the chunk (local scales)
-        if plan.is_global:
-            scale = plan.scales
-        else:
-            # the unpadded chunk where it is what gets scaled (padding is zeros, which never
-            # raise an amax): the compiled kernel's one pass, no padded copy
-            amax = (chunk_amax(x, tr, tc) if as_stored or x.dtype == xw.dtype
-                    else tile_amax(xw, tr, tc))
-            x_max = float(amax.max())
-            if scheme.scale_rule is ScaleRule.PERCENTILE:
-                scale = scales_for(tile_percentile(xw[:rows, :cols], tr, tc,
-                                                   scheme.percentile), plan)
-            else:
-                scale = scales_for(amax, plan)
-            local_scales = scale
-            local_amax = amax
-            # |x * scale| <= fl(amax * scale) in the data's own arithmetic (rounding is
-            # monotone), so this bounds every scaled value exactly
-            peak = float(np.max(amax * scale.astype(amax.dtype)))
-            # all round to at most max (under this scheme's rounding mode); False for NaN
-            in_range = peak < self.thresholds[amax.dtype]
-        plain = self.plain and keep != "codes"
-        if self.native is not None and keep is None and (as_stored or xp.dtype == np.float32):
-            done = self._run_native(x, xp, scale, (tr, tc), padding, hist, shared, x_max,
-                                    in_range, peak, local_amax)
+        chunk = _Chunk(x, xp, None if as_stored else self._working(xp), (tr, tc), origin)
+        scales = self._scales(chunk)
+        if (self.native is not None and keep is None
+                and (as_stored or xp.dtype == np.float32)):
+            done = self._run_native(chunk, scales, hist, shared)
             if done is not None:
                 return done
         if as_stored:  # the kernel left the chunk to numpy: its float32 values
             x = widened(x, shared)
-            xp = np.pad(x, ((0, pr), (0, pc))) if (pr or pc) else x
-            xw = self._working(xp)
-        shape4 = (xp.shape[0] // tr, tr, xp.shape[1] // tc, tc)
-        dead = None
+            xp = _padded(x, tr, tc)
+            chunk = _Chunk(x, xp, self._working(xp), (tr, tc), origin)
+        return self._run_numpy(chunk, scales, hist, keep, shared)
+
+    def _scales(self, chunk: _Chunk) -> _Scales:
+        """The chunk's scales: the plan's (global tiles), or its tiles' own from their amax
+        (or percentile) with the bound ``peak`` on every scaled value."""
+        plan, scheme = self.plan, self.plan.scheme
+        if plan.is_global:
+            return _Scales(plan.scales)
+        x, xw, (tr, tc) = chunk.x, chunk.xw, chunk.tile
+        # the unpadded chunk where it is what gets scaled (padding is zeros, which never
+        # raise an amax): the compiled kernel's one pass, no padded copy
+        amax = (chunk_amax(x, tr, tc) if xw is None or x.dtype == xw.dtype
+                else tile_amax(xw, tr, tc))
+        if scheme.scale_rule is ScaleRule.PERCENTILE:
+            rows, cols = x.shape
+            scale = scales_for(tile_percentile(xw[:rows, :cols], tr, tc,
+                                               scheme.percentile), plan)
+        else:
+            scale = scales_for(amax, plan)
+        # |x * scale| <= fl(amax * scale) in the data's own arithmetic (rounding is
+        # monotone), so this bounds every scaled value exactly
+        peak = float(np.max(amax * scale.astype(amax.dtype)))
+        # all round to at most max (under this scheme's rounding mode); False for NaN
+        return _Scales(scale, scale, amax, float(amax.max()), peak,
+                       peak < self.thresholds[amax.dtype])
+
+    def _run_numpy(self, chunk: _Chunk, scales: _Scales, hist, keep, shared):
+        """The chunk by numpy: scale, cast, divide back, accumulate (``run``'s result)."""
+        spec = self.spec
+        shape4, (rows, cols) = chunk.shape4, chunk.x.shape
+        scale, dead = scales.scale, None
         if self.two_level and np.isinf(scale).any():  # NVFP4 blocks that decode to 0
             dead = np.isinf(scale)
             scale = np.where(dead, np.float32(0), scale)  # x * 0: no spurious saturation
         s4 = scale[:, None, :, None]
-        xs = np.multiply(xw.reshape(shape4), s4.astype(xw.dtype, copy=False))
+        xs = np.multiply(chunk.xw.reshape(shape4), s4.astype(chunk.xw.dtype, copy=False))
         flat = xs.reshape(-1)
         if self.wide and flat.dtype == np.float32:  # its roundings may lie past float32's max
             flat = flat.astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            if self.backend is not Backend.NUMPY:  # the cast of ml_dtypes or torch itself
-                # saturate: clamp to max first, as recipes do; ieee: the backend's own cast
-                r = cast_with_policy(flat, spec, self.backend, self.device, scheme.overflow)
-                # beyond max as the engine counts it: what nearest-even puts past max
-                past = np.flatnonzero(np.abs(flat) > spec.max)
-                ub = round_unbounded(flat[past], spec, RoundingMode.NEAREST_EVEN)
-                counted = (np.abs(ub) > spec.max) & ~(np.isinf(flat[past])
-                                                     & ~np.isfinite(r[past]))
-                if not spec.signed:
-                    counted &= flat[past] >= 0
-                counts = {"beyond": int(np.count_nonzero(counted)),
-                          "above": count_above_max(flat[past], spec),
-                          "overflowed": int(np.count_nonzero(counted & ~np.isfinite(r[past]))),
-                          "saturated_at": past[counted & np.isfinite(r[past])]}
-            elif self.fast and flat.dtype == np.float32:
-                r = round_float32_nearest_even(flat, spec)
-            else:
-                rng = None
-                if scheme.rounding is RoundingMode.STOCHASTIC:
-                    rng = PositionalUniform(self.seed, _positions(origin, xp.shape, shape4))
-                r = round_unbounded(flat, spec, scheme.rounding, rng)
-            if self.backend is Backend.NUMPY:
-                counts = {"beyond": 0, "overflowed": 0, "where": not plan.is_global}
-                if not (in_range and plain):  # values beyond max, or the format's own rules
-                    r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
+        r, counts = self._cast(flat, chunk, scales.in_range and self.plain and keep != "codes")
         overflowed = counts["overflowed"]
         saturated = counts["beyond"] - overflowed
         # |x * scale| > max; where the range step was skipped nothing rounded past max, but
         # values between max and the rounding threshold may lie above it
         above = counts.get("above")
         if above is None:
-            above = count_above_max(flat, spec) if peak is None or peak > spec.max else 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            if r.dtype == xs.dtype:
-                x_q = np.divide(r.reshape(shape4), s4, out=xs)
-            else:  # a wide format's float64 rounding of the float32 product (see _wide_quotient)
-                x_q = _wide_quotient(r.reshape(shape4), s4)
-            if dead is not None:
-                x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
-        x_q4 = x_q
-        x_q = x_q.reshape(xp.shape)
-        if padding and not spec.has_zero:  # padding is 0, which such formats make NaN
+            above = (count_above_max(flat, spec) if scales.peak is None or scales.peak > spec.max
+                     else 0)
+        x_q4 = self._divide(r, xs, s4, dead, shape4)
+        x_q = x_q4.reshape(chunk.xp.shape)
+        if chunk.padding and not spec.has_zero:  # padding is 0, which such formats make NaN
             x_q[rows:, :] = 0
             x_q[:, cols:] = 0
         kept = None
         if keep == "codes":
-            kept = r.reshape(xp.shape)[:rows, :cols].copy()
+            kept = r.reshape(chunk.xp.shape)[:rows, :cols].copy()
         acc = ErrorAccumulator(hist=hist)
-        acc.add_chunk(xp, x_q, saturated, overflowed, padding, x_max=x_max, shared=shared,
-                      mse_only=self.mse_only, raw=x, above_max=above)
+        acc.add_chunk(chunk.xp, x_q, saturated, overflowed, chunk.padding, x_max=scales.x_max,
+                      shared=shared, mse_only=self.mse_only, raw=chunk.x, above_max=above)
         facts = None
-        if not plan.is_global and not self.mse_only:
-            facts = self._facts(xp.reshape(shape4), x_q4, (rows, cols), shape4, acc.flushed,
-                                counts.get("saturated_at"), local_amax, local_scales)
+        if not self.plan.is_global and not self.mse_only:
+            facts = self._facts(chunk.xp.reshape(shape4), x_q4, (rows, cols), shape4,
+                                acc.flushed, counts.get("saturated_at"), scales.amax,
+                                scales.local)
         if keep == "values":
             kept = x_q[:rows, :cols]
-        return acc, local_scales, kept, facts
+        return acc, scales.local, kept, facts
 
-    def _run_native(self, x, xp, scale, tile, padding, hist, shared, x_max, in_range, peak,
-                    amax):
-        """The chunk by the compiled kernel: the same statistics as the numpy path below,
-        to the bit.  None where it does not apply (inf or NaN in the chunk or its scales,
-        a value that rounds past max under an overflow policy that does not saturate, a
-        result that is not finite): the numpy path then does the chunk."""
-        plan = self.plan
-        tr, tc = tile
-        rows, cols = xp.shape
-        scale = np.ascontiguousarray(scale, dtype=np.float32)
+    def _cast(self, flat: np.ndarray, chunk: _Chunk, skip_range: bool):
+        """The scaled values rounded to the format and its range rules applied: (rounded
+        values, counts of those beyond max as ``rounding.apply_range`` reports them).
+        ``skip_range``: nothing rounds past max and the format has no other range rule."""
+        spec, scheme = self.spec, self.plan.scheme
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self.backend is not Backend.NUMPY:  # the cast of ml_dtypes or torch itself
+                return self._backend_cast(flat)
+            if self.fast and flat.dtype == np.float32:
+                r = round_float32_nearest_even(flat, spec)
+            else:
+                rng = None
+                if scheme.rounding is RoundingMode.STOCHASTIC:
+                    rng = PositionalUniform(self.seed, _positions(chunk.origin, chunk.xp.shape,
+                                                                  chunk.shape4))
+                r = round_unbounded(flat, spec, scheme.rounding, rng)
+            counts = {"beyond": 0, "overflowed": 0, "where": not self.plan.is_global}
+            if not skip_range:  # values beyond max, or the format's own rules
+                r = apply_range(flat, r, spec, scheme.rounding, scheme.overflow, counts)
+        return r, counts
+
+    def _backend_cast(self, flat: np.ndarray):
+        """The cast of ml_dtypes or torch (saturate: clamp to max first, as recipes do;
+        ieee: the backend's own cast), with what lay beyond max counted as the engine counts
+        it: what nearest-even puts past max."""
+        spec = self.spec
+        r = cast_with_policy(flat, spec, self.backend, self.device, self.plan.scheme.overflow)
+        past = np.flatnonzero(np.abs(flat) > spec.max)
+        ub = round_unbounded(flat[past], spec, RoundingMode.NEAREST_EVEN)
+        counted = (np.abs(ub) > spec.max) & ~(np.isinf(flat[past]) & ~np.isfinite(r[past]))
+        if not spec.signed:
+            counted &= flat[past] >= 0
+        return r, {"beyond": int(np.count_nonzero(counted)),
+                   "above": count_above_max(flat[past], spec),
+                   "overflowed": int(np.count_nonzero(counted & ~np.isfinite(r[past]))),
+                   "saturated_at": past[counted & np.isfinite(r[past])]}
+
+    @staticmethod
+    def _divide(r: np.ndarray, xs: np.ndarray, s4: np.ndarray, dead, shape4) -> np.ndarray:
+        """x_q = r / scale in the tile view (into ``xs``, the scaled values, where the
+        dtypes agree); NVFP4's ``dead`` blocks (a decode scale of 0) are 0."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if r.dtype == xs.dtype:
+                x_q = np.divide(r.reshape(shape4), s4, out=xs)
+            else:  # a wide format's float64 rounding of the float32 product (_wide_quotient)
+                x_q = _wide_quotient(r.reshape(shape4), s4)
+            if dead is not None:
+                x_q[np.broadcast_to(dead[:, None, :, None], shape4)] = 0
+        return x_q
+
+    def _run_native(self, chunk: _Chunk, scales: _Scales, hist, shared):
+        """The chunk by the compiled kernel: the same statistics as the numpy path, to the
+        bit.  None where it does not apply (inf or NaN in the chunk or its scales, a value
+        that rounds past max under an overflow policy that does not saturate, a result that
+        is not finite): the numpy path then does the chunk."""
+        plan, x, (tr, tc) = self.plan, chunk.x, chunk.tile
+        rows, cols = chunk.xp.shape
+        scale = np.ascontiguousarray(scales.scale, dtype=np.float32)
         if scale.shape != (rows // tr, cols // tc):
             return None
+        x_max, peak, in_range = scales.x_max, scales.peak, scales.in_range
         if plan.is_global:  # |x * s| <= fl(max|x| * max s): the whole chunk in range?
             if "amax" not in shared:  # the same for every scheme of the chunk
                 shared["amax"] = chunk_amax(x, *x.shape)[0, 0]
@@ -409,48 +352,24 @@ class ChunkKernel:
             return None
         if not in_range and not self.saturates:
             return None
-        xp = np.ascontiguousarray(xp)
-        facts = not plan.is_global and not self.mse_only
-        flushed = np.empty(scale.shape, np.int64) if facts else None
-        saturating = np.empty(scale.shape, np.int64) if facts and not in_range else None
-        max_rel = np.empty(scale.shape, np.float32) if facts and self.worst else None
-        low, high, shift = self.magic
+        blocks = not plan.is_global and not self.mse_only
         # max where a value may lie above it (clipped where its rounding passes max,
         # counted in any case), else inf: nothing to clip or count
         fmax = np.inf if peak <= self.spec.max else self.spec.max
-        values, kind = native.values(xp)
-        got = self.native.quantize_chunk(values, scale, rows, cols, tr, tc, low, high, shift,
-                                         fmax, scratch(xp.size),
-                                         None if self.mse_only else hist, flushed,
-                                         saturating, max_rel, kind)
-        if got is None:
+        found = compiled_pass(self.native, chunk.xp, scale, chunk.tile, self.magic, fmax,
+                              None if self.mse_only else hist, blocks,
+                              blocks and not in_range, blocks and bool(self.worst))
+        if found is None:
             return None
-        sum_err, max_err, sum_err2, zero_results, nan_keys, saturated, above = got
-        acc = ErrorAccumulator(hist=hist)
-        size = xp.size - padding
-        acc.count = acc.finite_pairs = size
-        acc.max_abs_err = max_err
-        acc.sum_err2 = sum_err2
-        if not self.mse_only:  # (mse_only: the squared errors alone, as the numpy path)
-            acc.saturated = saturated
-            acc.above_max = above
-            acc.sum_err = sum_err
-            if "sum_x2" not in shared:  # as ErrorAccumulator._add takes it, over the raw chunk
-                raw, kind = native.values(np.ascontiguousarray(x))
-                shared["sum_x2"] = (self.native.sum_squares(raw, raw.size, x_max, kind),
-                                    0.0, 0.0)
-            acc.sum_x2 = shared["sum_x2"][0]
-            zeros = nan_keys - padding  # 0/0: the zeros, the padding's included
-            acc.flushed = zero_results - nan_keys
-            acc.zeros = zeros
-            acc.nonzero = size - zeros
-        block_facts = None
-        if facts:
-            block_facts = BlockFacts(flushed, block_sizes(x.shape[0], x.shape[1], tr, tc),
-                                     0 if saturating is None
-                                     else int(np.count_nonzero(saturating)),
-                                     amax, scale, max_rel)
-        return acc, None if plan.is_global else scale, None, block_facts
+        acc = accumulator(self.native, found, x, chunk.padding, hist, x_max, shared,
+                          self.mse_only)
+        facts = None
+        if blocks:
+            facts = BlockFacts(found.flushed, block_sizes(x.shape[0], x.shape[1], tr, tc),
+                               0 if found.saturating is None
+                               else int(np.count_nonzero(found.saturating)),
+                               scales.amax, scale, found.max_rel)
+        return acc, None if plan.is_global else scale, None, facts
 
     def _facts(self, x4, x_q4, shape, shape4, any_flushed, saturated_at, amax, scale
                ) -> BlockFacts:
@@ -476,5 +395,3 @@ class ChunkKernel:
             rel = np.abs(x_q4 - x4) / np.abs(x4)  # NaN for 0 / 0 (zeros, padding)
             facts.max_rel = np.fmax.reduce(np.fmax.reduce(rel, axis=3), axis=1)  # NaN skipped
         return facts
-
-

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fmtcli.engine.chunk import Plan, chunk_amax, nvfp4_tensor_scale, scales_for
+from fmtcli.engine.chunk_parts import Plan, chunk_amax, nvfp4_tensor_scale, scales_for
 from fmtcli.numerics.scaling import ScaleRule
 from fmtcli.streaming.metrics import FINITE_BINS, HIST_BINS, HIST_SHIFT
 from fmtcli.streaming.parallel import run_tasks, work_array
