@@ -12,7 +12,7 @@ import pytest
 from fmtcli.base.choices import Granularity, Product, ScaleRule
 from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics.schemes import build_scheme
-from fmtcli.scale_search import _evaluate, _mse_values
+from fmtcli.scale_search.candidates import evaluate, mse_values
 
 
 def source(x, key=None):
@@ -45,6 +45,6 @@ def test_the_ranked_mse_is_the_reported_mse(kind, build):
     product = Product.EXACT if kind == "float64" else Product.FLOAT32
     schemes = [replace(build_scheme(**build), margin=m, product=product)
                for m in (-1.0, 0.0, 0.75, 3.25)]
-    full = [s.mse for s in _evaluate(sources, schemes, chunk_elements=4096, workers=2)]
-    fast = _mse_values(sources, schemes, chunk_elements=4096, workers=2)
+    full = [s.mse for s in evaluate(sources, schemes, chunk_elements=4096, workers=2)]
+    fast = mse_values(sources, schemes, chunk_elements=4096, workers=2)
     assert [repr(v) for v in fast] == [repr(v) for v in full]
