@@ -9,17 +9,18 @@ the registry but ``fit`` (for ``PLAIN_ROWS``).
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from importlib import import_module
+from pathlib import Path
 
 import pytest
 from cli_helpers import invoke
-from test_architecture import PACKAGE, imports
 
 from fmtcli import render
 
-RENDER = PACKAGE / "render"
+RENDER = Path(render.__file__).parent
 #: the modules every command's tables may use
 SHARED = {"fit", "numbers", "widgets", "plaintable"}
 #: the other views of a result (--json, --csv): no table, nothing drawn
@@ -35,16 +36,33 @@ def _render_modules() -> list[str]:
     return sorted(p.stem for p in RENDER.glob("*.py") if p.stem != "__init__")
 
 
+def _render_imports(module: str) -> list[tuple[str, int]]:
+    """(module of render/, line) of every import of the registry (``""``) or of a module of
+    render/ in ``module``: module-level, function-level and TYPE_CHECKING ones alike."""
+    out = []
+    for node in ast.walk(ast.parse((RENDER / f"{module}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "fmtcli":
+            out += [("", node.lineno) for a in node.names if a.name == "render"]
+        elif isinstance(node, ast.ImportFrom) and node.module == "fmtcli.render":
+            out += [(a.name if (RENDER / f"{a.name}.py").exists() else "", node.lineno)
+                    for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "fmtcli.render."):
+            out.append((node.module.split(".")[2], node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [((a.name.split(".") + [""])[2], node.lineno) for a in node.names
+                    if a.name == "fmtcli.render" or a.name.startswith("fmtcli.render.")]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"render.{module} line {node.lineno}: a relative import")
+    return out
+
+
 @pytest.mark.parametrize("module", _render_modules())
 def test_a_command_s_module_imports_only_the_shared_ones_and_its_own(module):
-    for target, line in imports(RENDER / f"{module}.py"):
-        there = target.removeprefix("fmtcli:")
-        if not target.startswith("fmtcli:") or not there.startswith("render"):
-            continue
-        if there == "render":  # the registry: only for the knob the width rules read
+    for other, line in _render_imports(module):
+        if other == "":  # the registry: only for the knob the width rules read
             assert module == "fit", f"render.{module} line {line} imports the registry"
             continue
-        other = there.removeprefix("render.")
         assert other in SHARED or _command(other) == _command(module), (
             f"render.{module} line {line} imports render.{other}: another command's tables")
         if module in SHARED:
