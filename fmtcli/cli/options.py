@@ -103,25 +103,12 @@ SeedOption = Annotated[int, typer.Option(
 
 def resolve_formats(names: list[str] | None, default: tuple[str, ...]) -> list[FormatSpec]:
     """Specs for the names (each may be a comma list; duplicates dropped, order kept), notes
-    for ambiguous names on stderr.  An empty name ('', 'e4m3,') is a usage error, never a
-    silent default."""
-    from fmtcli.numerics.formats import resolve_format
+    for ambiguous names on stderr as they are found (``format_names.parse_formats``).  An
+    empty name ('', 'e4m3,') is a usage error, never a silent default."""
+    from fmtcli.numerics.format_names import parse_formats
 
-    specs: list[FormatSpec] = []
-    for name in names or default:
-        parts = [part.strip() for part in name.split(",")]
-        if not all(parts):
-            raise UsageError(f"empty format name in {shown(name)}",
-                             "e.g. --format fp16,bf16,e4m3fn")
-        for part in parts:
-            spec, message = resolve_format(part)
-            if message:
-                note(message)
-            if spec not in specs:
-                specs.append(spec)
-    if not specs:
-        raise UsageError("no formats given", "e.g. --format fp16,bf16,e4m3fn")
-    return specs
+    return parse_formats(names, default, example="e.g. --format fp16,bf16,e4m3fn",
+                         on_note=note)[0]
 
 
 def resolve_one_format(name: str | None) -> FormatSpec | None:
