@@ -70,8 +70,8 @@ class Counting:
     def __getattr__(self, name):
         real, counts = getattr(self._real, name), self._counts
 
-        def counted(*args):
-            result = real(*args)
+        def counted(*args, **kwargs):
+            result = real(*args, **kwargs)
             none = name == "quantize_chunk" and result is None
             counts[CALLS.index(name + (":none" if none else ""))] += 1
             return result
@@ -689,8 +689,10 @@ def compiled_chunk(x, scales, tr, tc, spec, fmax):
     hist = np.zeros(metrics.HIST_BINS, np.int64)
     flushed, saturated = np.empty(nb, np.int64), np.empty(nb, np.int64)
     max_rel = np.empty(nb, np.float32)
-    got = native._compiled.quantize_chunk(x, scales, rows, cols, tr, tc, *magic(spec), fmax,
-                                          scratch, hist, flushed, saturated, max_rel)
+    got = native._compiled.quantize_chunk(x, scales, (rows, cols), (tr, tc),
+                                          (*magic(spec), fmax), scratch, hist=hist,
+                                          flushed=flushed, saturated=saturated,
+                                          max_rel=max_rel)
     return got, scratch.reshape(rows, cols), hist, flushed, saturated, max_rel
 
 
@@ -824,9 +826,9 @@ def bad_calls():
 
     def chunk_call(x=f32, s=one, rows=1, cols=8, tr=1, tc=8, scratch=None, h=hist, fl=None,
                    sat=None, rel=None):
-        return ("quantize_chunk", (x, s, rows, cols, tr, tc, *m, 448.0,
-                                   np.zeros(8, np.float32) if scratch is None else scratch,
-                                   h, fl, sat, rel))
+        return ("quantize_chunk", (x, s, (rows, cols), (tr, tc), (*m, 448.0),
+                                   np.zeros(8, np.float32) if scratch is None else scratch),
+                {"hist": h, "flushed": fl, "saturated": sat, "max_rel": rel})
 
     empty = np.empty(0, np.float32)
     readonly = np.zeros(8, np.float32)
@@ -851,6 +853,12 @@ def bad_calls():
         "zero rows": chunk_call(rows=0),
         "negative tile": chunk_call(tr=-1),
         "too few arguments": ("quantize_chunk", (f32, one)),
+        "outputs by position": ("quantize_chunk", (f32, one, (1, 8), (1, 8), (*m, 448.0),
+                                                   np.zeros(8, np.float32), hist)),
+        "a tile of one number": ("quantize_chunk", (f32, one, (1, 8), 8, (*m, 448.0),
+                                                    np.zeros(8, np.float32))),
+        "rounding short of fmax": ("quantize_chunk", (f32, one, (1, 8), (1, 8), m,
+                                                      np.zeros(8, np.float32))),
         "tile_amax out too small": ("tile_amax", (f32, 2, 4, 1, 4, one)),
         "tile_amax zero tile": ("tile_amax", (f32, 2, 4, 0, 4, two)),
         "tile_amax negative rows": ("tile_amax", (f32, -2, -4, 1, 1, one)),
@@ -864,8 +872,8 @@ def bad_calls():
         "widen_f16 out float64": ("widen_f16", (np.zeros(8, np.float16), f64, 8)),
         "widen_f16 n wrong": ("widen_f16", (np.zeros(8, np.float16), f32, 9)),
         "widen_f16 out too short": ("widen_f16", (np.zeros(8, np.float16), f32[:7], 8)),
-        "rows * cols overflows": ("quantize_chunk", (empty, empty, 2**32, 2**32, 1, 1, *m,
-                                                     1.0, empty, None, None, None, None)),
+        "rows * cols overflows": ("quantize_chunk", (empty, empty, (2**32, 2**32), (1, 1),
+                                                     (*m, 1.0), empty)),
         "tile_amax rows * cols overflows": ("tile_amax", (empty, 2**32, 2**32, 2**32, 2**32,
                                                           one)),
     }
@@ -881,9 +889,9 @@ CRASHES = ("widen_f16 float32 in", "widen_f16 n wrong", "rows * cols overflows",
 @pytest.mark.parametrize("case", [case for case in bad_calls() if case not in CRASHES])
 def test_bad_arguments_raise_and_do_not_crash(case):
     needs_kernel()
-    name, args = bad_calls()[case]
+    name, args, *kwargs = bad_calls()[case]
     with pytest.raises((ValueError, TypeError, BufferError, OverflowError)):
-        getattr(native._compiled, name)(*args)
+        getattr(native._compiled, name)(*args, **(kwargs[0] if kwargs else {}))
 
 
 CHILD = """
@@ -891,9 +899,9 @@ import sys
 sys.path.insert(0, {tests!r})
 import test_native
 from fmtcli.quantize import native
-name, args = test_native.bad_calls()[{case!r}]
+name, args, *kwargs = test_native.bad_calls()[{case!r}]
 try:
-    getattr(native._compiled, name)(*args)
+    getattr(native._compiled, name)(*args, **(kwargs[0] if kwargs else {{}}))
 except (ValueError, TypeError, BufferError, OverflowError):
     print("raised")
 """

@@ -114,8 +114,9 @@ def run_chunk(kernel, x, kind, scales, tr, tc, fmax):
     hist = np.zeros(metrics.HIST_BINS, np.int64)
     flushed, saturated = np.empty(nb, np.int64), np.empty(nb, np.int64)
     max_rel = np.empty(nb, np.float32)
-    got = kernel.quantize_chunk(x, scales, rows, cols, tr, tc, *magic, fmax, scratch, hist,
-                                flushed, saturated, max_rel, kind)
+    got = kernel.quantize_chunk(x, scales, (rows, cols), (tr, tc), (*magic, fmax), scratch,
+                                hist=hist, flushed=flushed, saturated=saturated,
+                                max_rel=max_rel, kind=kind)
     return got, bits(scratch), hist, flushed, saturated, bits(max_rel)
 
 
@@ -144,14 +145,13 @@ def test_quantize_chunk_as_stored_is_the_widened_chunk_to_the_bit(kernel, name, 
 
 def test_quantize_chunk_rejects_an_unknown_kind_and_a_wrong_item_size(kernel):
     x = np.zeros(8, np.uint16)
-    args = (np.ones(1, np.float32), 1, 8, 1, 8, 0, 0, 0, 448.0, np.zeros(8, np.float32),
-            None, None, None, None)
+    args = (np.ones(1, np.float32), (1, 8), (1, 8), (0, 0, 0, 448.0), np.zeros(8, np.float32))
     with pytest.raises(ValueError, match="kind"):
-        kernel.quantize_chunk(x, *args, 3)
+        kernel.quantize_chunk(x, *args, kind=3)
     with pytest.raises(ValueError):
-        kernel.quantize_chunk(np.zeros(8, np.float32), *args, 1)  # 4-byte items as 16-bit
+        kernel.quantize_chunk(np.zeros(8, np.float32), *args, kind=1)  # 4-byte items as 16-bit
     with pytest.raises(ValueError):
-        kernel.quantize_chunk(x, *args, 0)  # 2-byte items as float32
+        kernel.quantize_chunk(x, *args, kind=0)  # 2-byte items as float32
     with pytest.raises(ValueError, match="kind"):
         kernel.tile_amax(x, 1, 8, 1, 8, np.zeros(1, np.float32), -1)
     with pytest.raises(ValueError, match="kind"):
@@ -309,9 +309,9 @@ class Spy:
     def __getattr__(self, name):
         return getattr(self.module, name)
 
-    def quantize_chunk(self, *args):
-        self.kinds.append(args[-1])
-        return self.module.quantize_chunk(*args)
+    def quantize_chunk(self, *args, **kwargs):
+        self.kinds.append(kwargs.get("kind", 0))
+        return self.module.quantize_chunk(*args, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["float32", *KINDS])

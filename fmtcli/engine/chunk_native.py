@@ -74,8 +74,9 @@ def compiled_pass(module: ModuleType, xp: np.ndarray, scale: np.ndarray,
     worst = np.empty(shape, np.float32) if max_rel else None
     low, high, shift = rounding
     values, kind = native.values(np.ascontiguousarray(xp))
-    got = module.quantize_chunk(values, scale, rows, cols, tr, tc, low, high, shift, fmax,
-                                scratch(xp.size), hist, flushed, past, worst, kind)
+    got = module.quantize_chunk(values, scale, (rows, cols), (tr, tc),
+                                (low, high, shift, fmax), scratch(xp.size), hist=hist,
+                                flushed=flushed, saturated=past, max_rel=worst, kind=kind)
     if got is None:
         return None
     return CompiledPass(got, flushed, past, worst)

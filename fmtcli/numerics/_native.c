@@ -1,8 +1,8 @@
 /* The CPU engine's per-chunk work in one compiled pass (an optional extension module).
  *
- * fmtcli/quantize/native.py is its only caller; chunk.py uses it for the common case (a
- * float32 chunk, nearest-even rounding by the magic number, every scaled value in the
- * format's range) and keeps the numpy formulation for everything else.  Each function
+ * fmtcli/numerics/native.py loads it; the engine (engine/chunk_native.py, chunk_parts.py,
+ * scales.py) calls it for the common case (a float32 chunk, nearest-even rounding by the
+ * magic number, every scaled value in the format's range) and keeps the numpy formulation for everything else.  Each function
  * computes exactly what the numpy path computes, in the same float32 operations:
  *
  *   x_q = (|x * s| + M) - M with x * s's sign, divided by s   (rounding.round_float32_...)
@@ -13,6 +13,19 @@
  * at multiples of 8), so that the statistics are the numpy path's to the bit, whether or
  * not this module was built.  Compiled without -ffast-math and with -ffp-contract=off: no
  * reassociation, no fused multiply-add.
+ *
+ * State.  Two tables are module globals, not per call: quantize_chunk's four interleaved
+ * histograms (local_hist, 1 MiB) and distinct_bits' hash set (set_slots, 1 MiB).  They are
+ * safe only because every function here runs start to finish holding the GIL -- none
+ * releases it (no Py_BEGIN_ALLOW_THREADS), so two calls never overlap in one process --
+ * and because each call leaves its table all zero again, on every path (quantize_chunk
+ * clears the bins it touched even when it gives up; distinct_bits the slots it filled).
+ * Forked workers (streaming.parallel) each get their own copy.  The module declares no
+ * Py_mod_gil slot, so a free-threaded CPython turns the GIL back on when it imports it.
+ * Releasing the GIL here, or declaring Py_MOD_GIL_NOT_USED, needs per-call tables first.
+ * Kept global because a fresh zeroed megabyte per call costs page faults on every chunk
+ * (the float32 scratch that callers pass in is reused for the same reason:
+ * engine/chunk_native.scratch, one per process).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -662,8 +675,9 @@ static uint32_t exact_key(float q, float v)
     return bits_of(r32) >> HIST_SHIFT;
 }
 
-/* four interleaved histograms (one call at a time: the GIL is held throughout): equal
- * keys in a row then increment different counters, not one chain of loads and stores */
+/* four interleaved histograms (module state: see "State" at the top -- one call at a time,
+ * the GIL held throughout, and all zero again when a call returns): equal keys in a row
+ * then increment different counters, not one chain of loads and stores */
 #define HISTS 4
 static uint32_t local_hist[HISTS][HIST_BINS];
 
@@ -675,15 +689,22 @@ static void add_keys(const uint32_t *keys, Py_ssize_t n)
     for (; k < n; k++) local_hist[0][keys[k]]++;
 }
 
-static PyObject *quantize_chunk(PyObject *self, PyObject *args)
+/* quantize_chunk(x, scales, shape, tile, rounding, scratch, *, hist=None, flushed=None,
+ *                saturated=None, max_rel=None, kind=0): one argument block instead of
+ * sixteen positionals -- the chunk's (rows, cols), its tile's (tr, tc), the rounding's
+ * (low, high, shift, fmax) as tuples, and the optional outputs by keyword only. */
+static PyObject *quantize_chunk(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *xo, *so, *ho, *fo, *mo, *eo, *to;
+    static char *keywords[] = {"x", "scales", "shape", "tile", "rounding", "scratch", "hist",
+                               "flushed", "saturated", "max_rel", "kind", NULL};
+    PyObject *xo, *so, *eo, *ho = Py_None, *fo = Py_None, *mo = Py_None, *to = Py_None;
     Py_ssize_t rows, cols, tr, tc;
     unsigned int low, high, shift;
     float fmax;
     int kind = KIND_FLOAT32;
-    if (!PyArg_ParseTuple(args, "OOnnnnIIIfOOOOO|i", &xo, &so, &rows, &cols, &tr, &tc, &low,
-                          &high, &shift, &fmax, &eo, &ho, &fo, &to, &mo, &kind))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO(nn)(nn)(IIIf)O|$OOOOi", keywords, &xo,
+                                     &so, &rows, &cols, &tr, &tc, &low, &high, &shift, &fmax,
+                                     &eo, &ho, &fo, &to, &mo, &kind))
         return NULL;
     if (rows < 1 || cols < 1 || tr < 1 || tc < 1 || cols % tc || rows % tr) {
         PyErr_SetString(PyExc_ValueError, "a padded chunk of whole tiles is expected");
@@ -861,7 +882,8 @@ static PyObject *amax_scales(PyObject *self, PyObject *args)
 /* ---- distinct scales (results.ScaleSummary): a hash set of bit patterns ---- */
 
 #define SET_BITS 18
-static uint32_t set_slots[1 << SET_BITS]; /* 0: empty (the pattern 0 is kept apart) */
+/* 0: empty (the pattern 0 is kept apart); module state, empty between calls ("State") */
+static uint32_t set_slots[1 << SET_BITS];
 
 /* distinct_bits(bits, n, limit, out) -> count: the distinct 32-bit patterns of bits, in
  * order of first appearance, into out, stopping at limit (then there may be more): one
@@ -933,10 +955,12 @@ static PyMethodDef methods[] = {
     {"sum_squares", sum_squares, METH_VARARGS,
      "sum_squares(x, n, largest, kind=0): metrics._sum_of_squares of the float32 values"},
     {"widen_f16", widen_f16, METH_VARARGS, "widen_f16(half, out, n): float16 to float32"},
-    {"quantize_chunk", quantize_chunk, METH_VARARGS,
-     "quantize_chunk(x, scales, rows, cols, tr, tc, low, high, shift, fmax, scratch, hist, "
-     "flushed, saturated, max_rel, kind=0) -> (sum_err, max_err, sum_err2, zero_results, "
-     "nan_keys, saturated, above_max) or None"},
+    {"quantize_chunk", (PyCFunction)(void (*)(void))quantize_chunk,
+     METH_VARARGS | METH_KEYWORDS,
+     "quantize_chunk(x, scales, shape, tile, rounding, scratch, *, hist=None, flushed=None, "
+     "saturated=None, max_rel=None, kind=0) -> (sum_err, max_err, sum_err2, zero_results, "
+     "nan_keys, saturated, above_max) or None; shape (rows, cols), tile (tr, tc), rounding "
+     "(low, high, shift, fmax); hist None: the squared errors alone"},
     {"amax_scales", amax_scales, METH_VARARGS,
      "amax_scales(amax, out, n, fmax, factor): scaling.amax_to_scale's amax rule (float32)"},
     {"distinct_bits", distinct_bits, METH_VARARGS,

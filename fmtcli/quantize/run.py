@@ -15,7 +15,8 @@ from dataclasses import replace
 from fmtcli.base.errors import Param, UsageError
 from fmtcli.engine import run as engine
 from fmtcli.engine.results import GroupResult, QuantizeResult, SchemeRun, TensorResult, TensorSqnr
-from fmtcli.inputs.tensors import TensorSource, numpy_dtype
+from fmtcli.inputs.storage import itemsize
+from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics import native
 from fmtcli.numerics.backends import Backend, Device
 from fmtcli.numerics.scaling import Product
@@ -113,7 +114,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     keep_freed_memory()
     schemes = engine.with_product(schemes, product)
     usable = [s for s in sources if s.skipped is None]
-    sizes = [s.size * numpy_dtype(s.dtype).itemsize for s in usable]  # bytes as stored
+    sizes = [s.size * itemsize(s.dtype) for s in usable]  # bytes as stored (no ml_dtypes)
     native.note_if_absent(sum(sizes))
     output = Output(out, out_scheme, schemes, usable)
     if worst_blocks < 0:
@@ -130,16 +131,8 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
             tensors.append(TensorResult(source.info(), (), is_buffer(engine.name_of(source)),
                                         False))
             continue
-        sink = output.sink(source)
-        if on_tensor:
-            on_tensor(source.name)
-        try:
-            runs, kept = run(source, schemes, progress=_share(progress, base, sizes[index],
-                                                              sum(sizes)),
-                             sink=sink, **options)
-        except BaseException:
-            output.abort()
-            raise
+        runs, kept = _one_tensor(run, source, schemes, output, on_tensor,
+                                 _share(progress, base, sizes[index], sum(sizes)), options)
         base += sizes[index]
         tensors.append(totals.add(index, source, runs))
         output.done(source, runs, kept)
@@ -148,6 +141,21 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     return QuantizeResult(tuple(tensors), totals.total(), tuple(schemes), written,
                           totals.group_results(), totals.worst(),
                           buffers_in_total=totals.buffers_in_total)
+
+
+def _one_tensor(run: Callable, source: TensorSource, schemes: list[Scheme], output: Output,
+                on_tensor: Callable[[str], None] | None, progress: Progress | None,
+                options: dict):
+    """``run`` (``quantize_tensor`` or a stand-in) on one tensor, its ``--out`` destination
+    opened first and, where it fails, its half-written ``.npy`` removed: (runs, kept)."""
+    sink = output.sink(source)
+    if on_tensor:
+        on_tensor(source.name)
+    try:
+        return run(source, schemes, progress=progress, sink=sink, **options)
+    except BaseException:
+        output.abort()
+        raise
 
 
 def _share(progress: Progress | None, base: int, size: int, grand_total: int
