@@ -38,6 +38,7 @@ import warnings
 from fmtcli.base.errors import DataError, Note, shown
 from fmtcli.inputs import textparse
 from fmtcli.inputs.files import (
+    HF_FORMATS,
     TENSOR_SUFFIXES,
     TEXT_SUFFIXES,
     index_kind,
@@ -88,7 +89,7 @@ def load_directory(path: str) -> list[TensorSource]:
 def _load_model_folder(root: str, files: list[str]) -> list[TensorSource]:
     """One Hugging Face model folder: the safetensors checkpoint (indexed or not), else the
     .bin one; the folder's other tensor files are named in a ``CheckpointNote``."""
-    for kind in (".safetensors", ".bin"):
+    for kind in HF_FORMATS:
         indexes = [name for name in files if index_kind(name) == kind]
         weights = [name for name in files if is_hf_weights(name) and suffix(name) == kind]
         if not (indexes or weights):

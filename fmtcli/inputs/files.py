@@ -76,6 +76,8 @@ SUFFIXES = tuple(TABLE)
 TENSOR_SUFFIXES = tuple(s for s, kind in TABLE.items() if kind.in_folders and not kind.text)
 TEXT_SUFFIXES = tuple(s for s, kind in TABLE.items() if kind.text)
 INDEX_SUFFIXES = {".safetensors.index.json": ".safetensors", ".bin.index.json": ".bin"}
+#: The formats of a Hugging Face model folder, preferred first (as ``from_pretrained``).
+HF_FORMATS = tuple(INDEX_SUFFIXES.values())
 
 # save_pretrained's weight names: [prefix_]model[-00001-of-00002].{safetensors,bin}
 _HF_WEIGHTS = re.compile(
