@@ -111,6 +111,16 @@ def _sign(x: float) -> bool:
     return math.copysign(1.0, x) < 0
 
 
+def _infinite_product(a: float, b: float) -> float | None:
+    """``a * b`` where an operand is infinite (neither NaN), as IEEE 754 has it: NaN for
+    0 * inf, else inf signed by the operands; None where both are finite."""
+    if not (math.isinf(a) or math.isinf(b)):
+        return None
+    if a == 0 or b == 0:
+        return math.nan
+    return -math.inf if _sign(a) != _sign(b) else math.inf
+
+
 def as_fraction(x: Number) -> Fraction:
     return x if isinstance(x, Fraction) else Fraction(x)
 
@@ -222,12 +232,10 @@ class Arithmetic:
     def mul(self, a: float, b: float) -> tuple[Number, float]:
         if math.isnan(a) or math.isnan(b):
             return math.nan, self._special(math.nan)
-        negative = _sign(a) != _sign(b)
-        if math.isinf(a) or math.isinf(b):
-            if a == 0 or b == 0:
-                return math.nan, self._special(math.nan)
-            product = -math.inf if negative else math.inf
+        product = _infinite_product(a, b)
+        if product is not None:
             return product, self._special(product)
+        negative = _sign(a) != _sign(b)
         if a == 0 or b == 0:
             zero = -0.0 if negative else 0.0
             return zero, self._special(zero)
@@ -252,12 +260,10 @@ class Arithmetic:
         """a * b + c with one rounding (IEEE 754 fusedMultiplyAdd)."""
         if any(math.isnan(x) for x in (a, b, c)):
             return math.nan, self._special(math.nan)
-        product_negative = _sign(a) != _sign(b)
-        if math.isinf(a) or math.isinf(b):
-            if a == 0 or b == 0:
-                return math.nan, self._special(math.nan)
-            product = -math.inf if product_negative else math.inf
+        product = _infinite_product(a, b)
+        if product is not None:  # NaN (0 * inf) plus c is NaN: add says so
             return self.add(product, c)
+        product_negative = _sign(a) != _sign(b)
         if math.isinf(c):
             return c, self._special(c)
         exact = Fraction(a) * Fraction(b) + Fraction(c)
