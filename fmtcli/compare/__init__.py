@@ -43,13 +43,13 @@ import numpy as np
 from fmtcli.base.choices import CHUNK_ELEMENTS
 from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.compare.stats import Accumulator, CompareStats, LogitStats
+from fmtcli.inputs import storage
 from fmtcli.inputs.checkpoints import repeated_keys, tensor_names
 from fmtcli.inputs.tensors import (
     TensorInfo,
     TensorSource,
     dtype_name,
     load_path,
-    numpy_dtype,
     select_keys,
     skipped_records,
     unusable_reason,
@@ -250,7 +250,7 @@ def compare_sources(ref: list[TensorSource], test: list[TensorSource], ref_name:
     if not usable:
         reasons = dict.fromkeys(f"{shown(s.key or s.name)}: {s.skipped}" for s in skipped)
         raise DataError("no floating-point tensor to compare", "; ".join(list(reasons)[:4]))
-    itemsize = {n: numpy_dtype(r.dtype).itemsize for n, r, _ in usable}
+    itemsize = {n: storage.itemsize(r.dtype) for n, r, _ in usable}  # no ml_dtypes
     all_bytes = sum(r.size * itemsize[n] for n, r, _ in usable)
     done = 0
     tensors, roles, total = [], {}, Accumulator()

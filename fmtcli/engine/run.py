@@ -27,7 +27,8 @@ from fmtcli.engine.chunk_pass import ChunkPass
 from fmtcli.engine.cuda import quantize_on_gpu, route
 from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials, needs_first_pass
 from fmtcli.engine.results import SchemeRun, SchemeStats
-from fmtcli.inputs.tensors import TensorSource, numpy_dtype
+from fmtcli.inputs.storage import itemsize
+from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics import native
 from fmtcli.numerics.backends import Backend, Device
 from fmtcli.numerics.scaling import Product, ScaleRule
@@ -213,7 +214,7 @@ def quantize_totals(sources: list[TensorSource], schemes: list[Scheme],
     usable = [s for s in sources if s.skipped is None]
     usable = [usable[i] for i in counted_in_total([name_of(s) for s in usable],
                                                   include_buffers)]
-    native.note_if_absent(sum(s.size * numpy_dtype(s.dtype).itemsize for s in usable))
+    native.note_if_absent(sum(s.size * itemsize(s.dtype) for s in usable))
     totals = [SchemeRun.empty(s) for s in schemes]
     for source in usable:
         runs, _ = quantize_tensor(source, schemes, **options)

@@ -19,7 +19,9 @@ inflates it whole.  Here:
 bfloat16 saved by ``np.save`` from ml_dtypes is recorded as the descriptor ``'<V2'``
 (``'>V2'`` when the array is big-endian).  numpy writes its own 2-byte void type as
 ``'|V2'``, and the only 2-byte type ml_dtypes registers is bfloat16, so ``'<V2'`` and
-``'>V2'`` are read as bfloat16 in that byte order (readers swap it: ``quantize.stream``).
+``'>V2'`` are read as bfloat16 in that byte order (readers swap it: ``streaming.stream``),
+mapped as its bit patterns (``storage.BFLOAT16_BITS``), so that reading it does not import
+ml_dtypes (``storage``).
 ml_dtypes' 1-byte types (every float8, float6, float4 and int4 variant) are all recorded
 as ``'<V1'`` (float8_e5m2 as ``'<f1'``): the file does not say which one, so such a
 tensor is skipped with a note on how to convert it.
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fmtcli.base.errors import DataError, shown
+from fmtcli.inputs.storage import BFLOAT16_BITS
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_BYTES = 1 << 20
@@ -129,16 +132,14 @@ def read_header(handle, where: str) -> Header:
 
 def _dtype_from_descr(descr, where: str) -> tuple[np.dtype | None, str | None]:
     if descr in ("<V2", ">V2"):  # bfloat16; '>V2' from x.astype(bfloat16 big-endian)
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16).newbyteorder(descr[0]), None
+        return BFLOAT16_BITS.newbyteorder(descr[0]), None  # its bits: no ml_dtypes import
     if descr in ("<V1", "<f1"):
         return None, f"dtype {descr!r} is {_UNKNOWN_1_BYTE}"
     try:
         try:
             dtype = np.lib.format.descr_to_dtype(descr)
         except TypeError:  # a name ml_dtypes registers (imported only when needed: 5 ms)
-            import ml_dtypes
+            import ml_dtypes  # noqa: F401  (registers its dtypes with numpy)
 
             dtype = np.lib.format.descr_to_dtype(descr)
     except Exception:  # any literal can reach numpy's parser; none may escape as a crash

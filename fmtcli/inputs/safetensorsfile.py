@@ -3,7 +3,9 @@
 The header (an 8-byte little-endian length, then JSON) is bounded (``MAX_HEADER`` bytes)
 and checked before anything is mapped: the JSON's nesting and duplicate names, every
 dtype, shape and offset against the file's size, and that no two tensors share bytes.
-Each tensor is then a read-only memory map of its bytes, opened lazily.
+Each tensor is then a read-only memory map of its bytes, opened lazily; bfloat16 as its bit
+patterns (``storage.stored_dtype``), so that a bfloat16 checkpoint is read without
+importing ml_dtypes (float8 tensors import it).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import struct
 
 import numpy as np
 
+from fmtcli.base.dtypes import SAFETENSORS_NAMES
 from fmtcli.base.errors import DataError, shown
 from fmtcli.inputs import npyfile, textparse
 from fmtcli.inputs.source import TensorSource, from_array
-from fmtcli.inputs.storage import safetensors_dtypes
+from fmtcli.inputs.storage import itemsize, stored_dtype
 
 MAX_HEADER = 100 * 1024 * 1024  # bytes of JSON header (real ones are a few KiB to MiBs)
 
@@ -87,10 +90,10 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
             raise DataError(f"{where}: tensor {shown(name)} points outside the file "
                             "(truncated or corrupt file)")
         spans.append((begin, end, name))
-        if dtype_code not in safetensors_dtypes():
+        if dtype_code not in SAFETENSORS_NAMES:
             entry["_skip"] = f"safetensors dtype {shown(dtype_code)} is not supported"
         elif end - begin != (need := math.prod(shape)
-                             * safetensors_dtypes()[dtype_code].itemsize):
+                             * itemsize(SAFETENSORS_NAMES[dtype_code])):
             raise DataError(f"{where}: tensor {shown(name)} has the wrong size (its shape "
                             f"and dtype need {need:,} bytes, its offsets span "
                             f"{end - begin:,}; corrupt file)")
@@ -114,7 +117,7 @@ def load_safetensors(path: str) -> list[TensorSource]:
         if "_skip" in entry:
             sources.append(TensorSource(path, name, shape, entry["dtype"], None, entry["_skip"]))
             continue
-        dtype = safetensors_dtypes()[entry["dtype"]]
+        dtype = stored_dtype(SAFETENSORS_NAMES[entry["dtype"]])  # bfloat16: its bits
         offset = data_start + entry["data_offsets"][0]
 
         def opener(dtype=dtype, offset=offset, shape=shape):

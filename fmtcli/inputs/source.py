@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fmtcli.base.errors import DataError, shown
-from fmtcli.inputs.storage import dtype_name, unusable_reason
+from fmtcli.inputs.storage import as_values, dtype_name, unusable_reason
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,14 @@ class TensorSource:
         return math.prod(self.shape)
 
     def array(self) -> np.ndarray:
-        """The data (a read-only memory map where the file allows it)."""
+        """The data as values (a read-only memory map where the file allows it); bfloat16
+        as ml_dtypes' type (``storage.as_values``: imports ml_dtypes)."""
+        return as_values(self.stored())
+
+    def stored(self) -> np.ndarray:
+        """The data as stored: as ``array``, but bfloat16 read from a file as its bit
+        patterns (``storage.BFLOAT16_BITS``; no ml_dtypes), what ``streaming.stream``
+        reads chunks of."""
         if self.opener is None:
             raise DataError(f"{shown(self.name)}: {self.skipped or 'no data'}")
         return self.opener()

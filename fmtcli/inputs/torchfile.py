@@ -3,8 +3,9 @@
 ``torch.load(weights_only=True)`` (memory-mapped for torch's zip format): nothing is
 unpickled beyond tensors and plain containers; a file that needs arbitrary objects is
 refused with our own one-line message (nothing in it runs).  Nested dicts/lists/tuples
-become dotted keys (bounded depth); bfloat16 and the float8 types are viewed, not cast,
-into their ml_dtypes twins; a tensor numpy cannot hold is skipped with the reason.
+become dotted keys (bounded depth); bfloat16 is viewed as its bit patterns
+(``storage.BFLOAT16_BITS``: no ml_dtypes) and the float8 types, not cast, as their ml_dtypes
+twins; a tensor numpy cannot hold is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -18,22 +19,26 @@ import numpy as np
 
 from fmtcli.base.errors import DataError, UsageError, shown
 from fmtcli.inputs.source import TensorSource, from_array
+from fmtcli.inputs.storage import stored_dtype
+
+_TORCH_FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                 "float8_e8m0fnu")
 
 
 def _torch_to_numpy(tensor) -> np.ndarray | None:
-    import ml_dtypes
+    """The tensor's data as fmtcli stores it (``storage.stored_dtype``: bfloat16 as its
+    bits, float8 as ml_dtypes' types, imported then), or None where numpy cannot hold it."""
     import torch
 
-    mapping = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
-    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                 "float8_e8m0fnu"):
+    mapping = {torch.bfloat16: (torch.int16, "bfloat16")}
+    for name in _TORCH_FLOAT8:
         if hasattr(torch, name):
-            mapping[getattr(torch, name)] = (torch.uint8, getattr(ml_dtypes, name))
+            mapping[getattr(torch, name)] = (torch.uint8, name)
     try:  # sparse, quantized, meta tensors and dtypes numpy lacks have no array
         tensor = tensor.detach().cpu()
         if tensor.dtype in mapping:
             carrier, target = mapping[tensor.dtype]
-            return tensor.contiguous().view(carrier).numpy().view(target)
+            return tensor.contiguous().view(carrier).numpy().view(stored_dtype(target))
         return tensor.numpy()
     except (TypeError, RuntimeError, NotImplementedError):
         return None

@@ -163,7 +163,7 @@ class ChunkReader:
     """
 
     def __init__(self, source: TensorSource) -> None:
-        self.array = source.array()
+        self.array = source.stored()
         rows, cols = matrix_shape(source.shape)
         self.cols = cols
         self.matrix = self.array.reshape(rows, cols)
@@ -241,7 +241,10 @@ def widen(buffer: np.ndarray, dtype) -> np.ndarray:
     bit patterns (``storage.BFLOAT16_BITS``, native order) by ``widen_bfloat16_bits``."""
     if bits_of(buffer.dtype) == "bfloat16":
         wide = widen_bfloat16_bits(buffer)
-        return wide if wide.dtype == dtype else wide.astype(dtype)
+        if wide.dtype == dtype:
+            return wide
+        with np.errstate(invalid="ignore"):  # signalling NaNs stay NaN, unannounced
+            return wide.astype(dtype)
     kernel = native.module()
     if (kernel is not None and buffer.dtype == np.float16 and dtype == np.float32
             and buffer.flags.c_contiguous):
@@ -252,7 +255,7 @@ def widen(buffer: np.ndarray, dtype) -> np.ndarray:
 
 
 def widen_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
-    """float32 values of bfloat16 bit patterns (uint16 words in the machine's byte order):
+    """float32 values of bfloat16 bit patterns (uint16 words, in either byte order):
     each word is the float32's upper half, so ``word << 16`` is its float32 exactly (inf,
     NaN payloads, signalling NaNs and subnormals included), with no ml_dtypes."""
     wide = bits.astype(np.uint32)
