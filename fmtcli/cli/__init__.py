@@ -4,8 +4,9 @@ prints its result (a rich table, or JSON with ``--json``).
 - ``app``     -- the Typer group: one ``Error:`` line and an exit code for every way a
   command ends, ``--version``, the entry point ``main``;
 - ``output``  -- stdout and stderr: ``emit`` (the one way a result is printed), notes,
-  progress, library errors said as options (``as_options``);
-- ``options`` -- option types and checks shared by several commands;
+  progress;
+- ``options`` -- option types and checks shared by several commands, and the option of
+  each library parameter: library errors said as options (``as_options``);
 - one module per command (``range``, ``underflow``, ``quantize``, ``scale_search``,
   ``loss_scale``, ``check_backends``, ``softmax``, ``attention``, ``dot``,
   ``compare``, ``kv``): its options, then library calls, then ``emit``.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import importlib
 
 from fmtcli.cli.app import app, main
-from fmtcli.cli.output import as_options
+from fmtcli.cli.options import as_options
 
 #: The command modules; each registers its command on ``app`` when imported, in this order
 #: (the order of ``fmt --help``).

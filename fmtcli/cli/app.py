@@ -22,9 +22,9 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from fmtcli.base.errors import FmtError, one_line, shown
+from fmtcli.cli.options import as_options
 from fmtcli.cli.output import (
     _discard_stdout,
-    as_options,
     error_line,
     show_tracebacks,
     warning_as_note,

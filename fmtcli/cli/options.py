@@ -3,11 +3,13 @@
 The option types (``Annotated`` Typer options) that more than one command takes, the
 choices the command line adds (``--per``, ``--compare``), and the small steps every command
 repeats: format names to specs (with notes for ambiguous names), empty values refused,
-skipped tensors noted.
+skipped tensors noted; and ``OPTIONS``, the option that sets each library parameter, by
+which a library error's parameters are said as options (``as_options``).
 """
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -23,12 +25,55 @@ from fmtcli.base.choices import (
     ScaleRule,
     cores_available,
 )
-from fmtcli.base.errors import UsageError, shown
+from fmtcli.base.errors import FmtError, Param, UsageError, shown
 
 if TYPE_CHECKING:
     from fmtcli.numerics.formats import FormatSpec
 
 from fmtcli.cli.output import note
+
+#: Library parameter -> the option that sets it on the command line: a library error names
+#: the parameters it is about (``errors.Param``), and the command line says each as its
+#: option (``as_options``).  A parameter not here keeps the library's ``name=value``.
+OPTIONS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
+           "margin": "--margin", "percentile": "--percentile", "fixed_scale": "--fixed-scale",
+           "scale_rule": "--scale-rule", "recipe": "--recipe", "compare": "--compare",
+           "history": "--history", "first_axis": "--over-first-axis", "seed": "--seed",
+           "out": "--out", "force": "--force", "key": "--key", "backend": "--backend",
+           "device": "--device", "product": "--product", "rounding": "--rounding",
+           "overflow": "--overflow", "format": "--format", "workers": "--workers",
+           "chunk": "--chunk", "metric": "--metric", "top": "--top", "sort": "--sort",
+           "worst_blocks": "--worst-blocks", "sram": "--sram", "io": "--io",
+           "hadamard": "--hadamard", "dim": "--dim", "block_q": "--block-q",
+           "block_k": "--block-k", "outliers": "--outliers",
+           "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
+           "accumulator": "--accumulator", "scale_granularity": "--scale-granularity",
+           "dask": "--dask", "count": "--count", "constant": "--constant",
+           "random": "--random", "order": "--order", "dist": "--dist"}
+#: a quoted value that the shell takes as it is, unquoted on the command line
+PLAIN_VALUE = re.compile(r"[-+\w./]+")
+
+
+def as_options(error: FmtError) -> str:
+    """A library error as the command line says it: each parameter it names becomes the
+    option and its value (``block=0`` -> ``--block 0``, ``product='exact'`` -> ``--product
+    exact``, ``force=True`` -> ``--force``), read from the error's parameters, not its text;
+    quotes stay around values that need them (paths with spaces)."""
+    return error.say(option_of)
+
+
+def option_of(param: Param) -> str:
+    """One parameter as its option and value (``--block 0``); a flag alone for True; the
+    library's ``name=value`` for a parameter no option sets."""
+    flag = OPTIONS.get(param.name)
+    if flag is None:
+        return str(param)
+    if param.value is True:
+        return flag
+    text = param.text
+    if text[:1] == "'" and text[-1:] == "'" and PLAIN_VALUE.fullmatch(text[1:-1]):
+        text = text[1:-1]
+    return f"{flag} {text}"
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 CsvOption = Annotated[bool, typer.Option(

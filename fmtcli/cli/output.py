@@ -3,7 +3,7 @@
 Results (a rich table, or one JSON document with ``--json``) go to stdout through ``emit``;
 ``Note: ...`` lines, progress bars and the one ``Error: ...`` line go to stderr.  A stream
 that cannot encode a character gets an ASCII look-alike; a reader that went away ends the
-command quietly; a library error's ``name=value`` parameters are said as options.
+command quietly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import typer
 
-from fmtcli.base.errors import DataError, FmtError, one_line
+from fmtcli.base.errors import DataError, one_line
 
 
 def show_tracebacks() -> bool:
@@ -26,46 +26,6 @@ def show_tracebacks() -> bool:
 
 def error_line(message: object) -> None:
     typer.echo(f"Error: {one_line(message)}", err=True)
-
-
-# The library names its parameters as Python keywords (``block=0``, ``use product='exact'``,
-# ``pass force=True``); on the command line they are options.  Library parameter -> flag:
-FLAGS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis",
-         "margin": "--margin", "percentile": "--percentile", "fixed_scale": "--fixed-scale",
-         "scale_rule": "--scale-rule", "recipe": "--recipe", "compare": "--compare",
-         "history": "--history", "first_axis": "--over-first-axis", "seed": "--seed",
-         "out": "--out", "force": "--force", "key": "--key", "backend": "--backend",
-         "device": "--device", "product": "--product", "rounding": "--rounding",
-         "overflow": "--overflow", "format": "--format", "workers": "--workers",
-         "chunk": "--chunk", "metric": "--metric", "top": "--top", "sort": "--sort",
-         "worst_blocks": "--worst-blocks", "sram": "--sram", "io": "--io",
-         "hadamard": "--hadamard", "dim": "--dim", "block_q": "--block-q",
-         "block_k": "--block-k", "outliers": "--outliers",
-         "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
-         "accumulator": "--accumulator", "scale_granularity": "--scale-granularity",
-         "dask": "--dask", "count": "--count", "constant": "--constant",
-         "random": "--random", "order": "--order", "dist": "--dist"}
-KEYWORD = re.compile(r"\b(?P<name>[a-z_]+)=(?P<value>'(?:[^'\\]|\\.)*'|True\b|[-+\w.]+)")
-PLAIN_VALUE = re.compile(r"[-+\w./]+")
-
-
-def as_options(error: FmtError) -> str:
-    """A library error as the command line says it: each ``name=value`` naming a library
-    parameter becomes the option and its value (``block=0`` -> ``--block 0``,
-    ``product='exact'`` -> ``--product exact``, ``force=True`` -> ``--force``); quotes stay
-    around values that need them (paths with spaces)."""
-    def option(match: re.Match) -> str:
-        flag = FLAGS.get(match["name"])
-        if flag is None:
-            return match[0]
-        value = match["value"]
-        if value == "True":
-            return flag
-        if value.startswith("'") and PLAIN_VALUE.fullmatch(value[1:-1]):
-            value = value[1:-1]
-        return f"{flag} {value}"
-
-    return KEYWORD.sub(option, str(error))
 
 
 def note(message: str) -> None:
