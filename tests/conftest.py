@@ -11,11 +11,13 @@ tests/ on sys.path); fixtures live here.
   statistics, NVFP4 from its definition, a hand-written .safetensors writer/reader); it does
   not import fmtcli, so it can disagree with it;
 - tests/inputs.py: the same arrays written as every input kind fmt reads (``write_input``).
+- tests/engine_helpers.py: one in-memory tensor through ``fmtcli.quantize.quantize``
+  (``source``, ``stats``: one scheme's JSON statistics; ``heavy``: data past E4M3's max).
 
 FMT_TRACEBACK=1 for the whole suite: the CLI's internal-error guard (any exception that
 escapes a command becomes one line and exit code 70) re-raises instead, so a bug shows up as
 a failing test with its traceback and no test can pass through the guard.  The guard's own
-test (tests/test_cli_trust.py) unsets the variable for its one invocation.
+test (tests/test_error_guard.py) unsets the variable for its one invocation.
 """
 
 from __future__ import annotations

@@ -1,36 +1,31 @@
-"""The ``fmt`` command line, driven through typer's CliRunner (plus one real subprocess).
+"""``fmt underflow``: what a value becomes in each format, with and without ``x * scale``.
 
-Figures are checked against the article ("Lower precision", "Try it: will it underflow?")
-and, where possible, against an independent oracle (numpy/ml_dtypes finfo, hand-computed
-grid points) rather than against fmtcli's own library.
+Figures are checked against the article ("Try it: will it underflow?") and, where possible,
+against an independent oracle (numpy/ml_dtypes casts, hand-computed grid points) rather than
+against fmtcli's own library: the rows' shape, value syntaxes, ``--format``, ``--rounding``,
+``--seed``, ``--overflow``, every fate, and the errors.
 """
 
 from __future__ import annotations
-
-import json
-import math
-import subprocess
-import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
 from cli_helpers import assert_no_traceback, assert_usage_error, invoke, json_of, strict_loads
 
-from fmtcli import __version__
 from fmtcli.numerics.fates import Fate
-from fmtcli.numerics.formats import ARTICLE_FORMATS, REGISTRY
 
 ARTICLE_SIX = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                "float8_e5m2"]
-RANGE_KEYS = {"name", "aliases", "bits", "exponent_bits", "mantissa_bits", "bias", "max",
-              "smallest_normal", "smallest_subnormal", "eps", "has_inf", "has_nan",
-              "has_negative_zero"}
+
+
 ROW_KEYS = {"value", "format", "scale", "stored", "rel_error", "status", "survives"}
+
+
 SCALED_KEYS = {"scaled_stored", "recovered", "recovered_rel_error", "scaled_status"}
 
 
-# -- helpers ----------------------------------------------------------------------------
+# -- helpers ----------------------------------------------------------------------------------
 
 def rows_of(*args: str):
     return json_of("underflow", *args)
@@ -42,149 +37,7 @@ def one_row(*args: str) -> dict:
     return rows[0]
 
 
-# -- fmt range --------------------------------------------------------------------------
-
-def test_range_default_is_the_article_six_in_order_with_all_keys():
-    specs = json_of("range")
-    assert [s["name"] for s in specs] == ARTICLE_SIX
-    assert list(ARTICLE_FORMATS) == ARTICLE_SIX
-    for spec in specs:
-        assert RANGE_KEYS <= spec.keys(), RANGE_KEYS - spec.keys()
-        assert isinstance(spec["aliases"], list)
-
-
-@pytest.mark.parametrize("name, bits, max_, eps", [
-    ("float16", 16, 65504.0, 2.0 ** -10),
-    ("bfloat16", 16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), 0.0078125),
-    ("float8_e4m3fn", 8, 448.0, 0.125),
-    ("float8_e4m3fnuz", 8, 240.0, 0.125),
-    ("float8_e5m2", 8, 57344.0, 0.25),
-    ("float32", 32, float(np.finfo(np.float32).max), 2.0 ** -23),
-])
-def test_range_article_figures(name, bits, max_, eps):
-    spec = {s["name"]: s for s in json_of("range")}[name]
-    assert spec["bits"] == bits
-    assert spec["max"] == max_
-    assert spec["eps"] == eps
-
-
-def test_range_article_rounded_figures():
-    specs = {s["name"]: s for s in json_of("range")}
-    assert round(specs["float16"]["eps"], 5) == 0.00098  # "0.00098"
-    assert round(specs["bfloat16"]["eps"], 4) == 0.0078  # "0.0078"
-    # BF16 "has the same range as FP32"
-    assert f"{specs['bfloat16']['max']:.2g}" == f"{specs['float32']['max']:.2g}" == "3.4e+38"
-
-
-def test_range_layout_and_specials_of_the_article_formats():
-    s = {d["name"]: d for d in json_of("range")}
-    f16 = s["float16"]
-    assert (f16["exponent_bits"], f16["mantissa_bits"], f16["bias"]) == (5, 10, 15)
-    assert f16["smallest_normal"] == 2.0 ** -14
-    assert f16["smallest_subnormal"] == 2.0 ** -24
-    assert (f16["has_inf"], f16["has_nan"], f16["has_negative_zero"]) == (True, True, True)
-    fn, fnuz = s["float8_e4m3fn"], s["float8_e4m3fnuz"]
-    assert (fn["has_inf"], fn["has_nan"], fn["has_negative_zero"]) == (False, True, True)
-    assert (fnuz["has_inf"], fnuz["has_nan"], fnuz["has_negative_zero"]) == (False, True, False)
-    assert (fn["bias"], fnuz["bias"]) == (7, 8)
-    assert fn["smallest_subnormal"] == 2.0 ** -9 and fnuz["smallest_subnormal"] == 2.0 ** -10
-    e5m2 = s["float8_e5m2"]
-    assert (e5m2["exponent_bits"], e5m2["mantissa_bits"], e5m2["has_inf"]) == (5, 2, True)
-    assert "fp16" in f16["aliases"] and "bf16" in s["bfloat16"]["aliases"]
-
-
-def test_range_all_lists_every_registered_format_matching_finfo():
-    specs = json_of("range", "--all")
-    assert [s["name"] for s in specs] == list(REGISTRY)
-    assert "tfloat32" in [s["name"] for s in specs]
-    assert len(specs) == len(REGISTRY) >= 15
-    for spec in specs:
-        if spec["name"] == "tfloat32":  # float32's range, float16's precision
-            assert spec["eps"] == 2.0 ** -10
-            assert spec["smallest_normal"] == 2.0 ** -126
-            assert spec["max"] == (2 - 2.0 ** -10) * 2.0 ** 127
-            continue
-        dtype = np.dtype(getattr(ml_dtypes, spec["name"], None) or spec["name"])
-        info = np.finfo(dtype) if spec["name"] in ("float32", "float16") else ml_dtypes.finfo(dtype)
-        assert spec["max"] == float(info.max), spec["name"]
-        assert spec["eps"] == float(info.eps), spec["name"]
-        assert spec["smallest_normal"] == float(info.smallest_normal), spec["name"]
-        assert spec["smallest_subnormal"] == float(info.smallest_subnormal), spec["name"]
-        assert spec["bits"] == info.bits, spec["name"]
-
-
-def test_range_named_formats_aliases_comma_lists_and_case():
-    specs = json_of("range", "fp16,bf16", "E4M3FNUZ", "torch.float8_e5m2")
-    assert [s["name"] for s in specs] == ["float16", "bfloat16", "float8_e4m3fnuz",
-                                          "float8_e5m2"]
-
-
-@pytest.mark.parametrize("custom, registered", [("e5m10", "fp16"), ("e8m7", "bf16"),
-                                                 ("e4m3_b7fn", "float8_e4m3fn")])
-def test_range_custom_format_figures_equal_the_registered_one(custom, registered):
-    custom_spec, registered_spec = json_of("range", custom, registered)
-    for key in RANGE_KEYS - {"name", "aliases"}:
-        assert custom_spec[key] == registered_spec[key], key
-
-
-def test_range_custom_e5m10_is_float16():
-    (spec,) = json_of("range", "e5m10")
-    assert spec["name"] == "e5m10"
-    assert (spec["max"], spec["eps"], spec["smallest_subnormal"]) == (65504, 2.0 ** -10, 2.0 ** -24)
-
-
-@pytest.mark.parametrize("columns", ["200", "40"])
-def test_range_bare_e4m3_prints_one_note_line_and_valid_json(columns):
-    result = invoke("range", "e4m3", "--json", env={"COLUMNS": columns})
-    assert result.exit_code == 0
-    (spec,) = strict_loads(result.stdout)
-    assert spec["name"] == "float8_e4m3fn" and spec["max"] == 448
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "e4m3fnuz" in lines[0] and "240" in lines[0]
-    assert "Note" not in result.stdout
-
-
-def test_range_unambiguous_names_print_no_note():
-    result = invoke("range", "e4m3fn", "e4m3fnuz", "--json")
-    assert result.exit_code == 0
-    assert result.stderr == ""
-
-
-@pytest.mark.parametrize("args, suggestion", [
-    (("range", "fp17"), "fp16"),
-    (("range", "e4m3fnz"), "e4m3fnuz"),
-    (("range", "fp16,bf17", "--json"), "bf16"),
-    (("range", "--all", "fp17"), "fp16"),
-    (("underflow", "1e-8", "--format", "bfloat61"), "bfloat16"),
-])
-def test_unknown_format_is_a_usage_error_with_suggestions(args, suggestion):
-    result = invoke(*args)
-    assert_usage_error(result)
-    assert result.stderr.startswith("Error: unknown format")
-    assert suggestion in result.stderr
-
-
-def test_range_table_shows_exact_figures():
-    result = invoke("range")
-    assert result.exit_code == 0
-    out = result.stdout
-    for figure in ("65,504", "448", "240", "57,344", "0.001953125", "0.0078125", "0.125"):
-        assert figure in out, figure
-    for name in ARTICLE_SIX:
-        assert name in out
-    assert result.stderr == ""
-    with pytest.raises(json.JSONDecodeError):
-        json.loads(out)
-
-
-def test_range_all_table_lists_tfloat32():
-    result = invoke("range", "--all")
-    assert result.exit_code == 0
-    assert "tfloat32" in result.stdout and "float4_e2m1fn" in result.stdout
-
-
-# -- fmt underflow: the article's example ----------------------------------------------
+# -- the article's example --------------------------------------------------------------------
 
 def test_underflow_article_example():
     rows = rows_of("1e-8", "--scale", "4096")
@@ -232,7 +85,12 @@ def test_underflow_table_without_scale_has_no_scale_columns():
     assert "recovered" not in result.stdout and "survives" not in result.stdout
 
 
-# -- row shape --------------------------------------------------------------------------
+def test_the_input_value_is_shown_with_all_its_digits():
+    result = invoke("underflow", "68.00000357", "--format", "e4m3fn")
+    assert "68.00000357" in result.stdout
+
+
+# -- row shape --------------------------------------------------------------------------------
 
 def test_underflow_rows_without_scale():
     rows = rows_of("1e-8,2**-24")
@@ -266,7 +124,7 @@ def test_underflow_short_scale_option_and_scaled_values():
     assert row["survives"] is True
 
 
-# -- value syntaxes ---------------------------------------------------------------------
+# -- value syntaxes ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [
     ("1e-8", 1e-8),
@@ -339,7 +197,7 @@ def test_underflow_negative_hex_with_f_digit_given_directly():
     assert row["value"] == -31 / 8
 
 
-# -- --format ---------------------------------------------------------------------------
+# -- --format ---------------------------------------------------------------------------------
 
 def test_underflow_format_repeatable_and_comma_lists():
     rows = rows_of("0.1", "--format", "fp16", "--format", "bf16,e4m3fn", "--format", "e5m2")
@@ -375,7 +233,7 @@ def test_underflow_bare_e4m3_format_notes_on_stderr_only():
     assert len(result.stderr.splitlines()) == 1 and "e4m3fnuz" in result.stderr
 
 
-# -- --rounding, --seed, --overflow -----------------------------------------------------
+# -- --rounding, --seed, --overflow -----------------------------------------------------------
 
 @pytest.mark.parametrize("mode, pos, neg", [
     # e4m3fn spacing at 1 is 2^-3 = 0.125, so 1.0625 is a tie between 1.0 and 1.125
@@ -456,7 +314,7 @@ def test_underflow_toward_zero_never_overflows():
     assert row["stored"] == 65504 and row["status"] == "saturated"
 
 
-# -- fates ------------------------------------------------------------------------------
+# -- fates ------------------------------------------------------------------------------------
 
 FATE_CASES = [
     ("1", "fp16", (), "exact"),
@@ -496,7 +354,7 @@ def test_underflow_subnormal_fate_after_scaling_and_flushed_when_not_enough():
     assert row["scaled_status"] == "subnormal" and row["survives"] is True
 
 
-# -- errors -----------------------------------------------------------------------------
+# -- errors -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, starts", [
     (("abc",), "Error: cannot read 'abc'"),
@@ -531,11 +389,6 @@ def test_underflow_errors_one_line(args, starts):
 def test_underflow_click_usage_errors(args, mention):
     result = invoke("underflow", *args)
     assert_usage_error(result, mention)
-
-
-def test_range_mistyped_option_is_a_usage_error():
-    result = invoke("range", "--jsn")
-    assert_usage_error(result, "--jsn")
 
 
 def test_underflow_negative_seed_is_a_usage_error():
@@ -580,40 +433,3 @@ def test_underflow_repeated_scale_keeps_one_row_per_scale():
 def test_underflow_repeated_values_keep_one_row_each():
     rows = rows_of("1e-8,1e-8", "--format", "fp16")
     assert len(rows) == 2
-
-
-# -- --version, --help ------------------------------------------------------------------
-
-def test_version():
-    result = invoke("--version")
-    assert result.exit_code == 0
-    assert result.stdout.strip() == f"fmtcli {__version__}"
-
-
-@pytest.mark.parametrize("args, mentions", [
-    (("--help",), ("range", "underflow", "--version")),
-    (("-h",), ("range", "underflow")),
-    (("range", "--help"), ("--all", "--json", "eps")),
-    (("range", "-h"), ("--all",)),
-    (("underflow", "--help"), ("x * scale", "--scale", "--format", "--rounding",
-                               "--overflow", "--seed", "--json", "nearest-away",
-                               "stochastic", "saturate", "flushed")),
-    (("underflow", "-h"), ("x * scale",)),
-])
-def test_help(args, mentions):
-    result = invoke(*args)
-    assert result.exit_code == 0
-    assert "Usage" in result.stdout
-    for text in mentions:
-        assert text in result.stdout, text
-
-
-# -- the real entry point ---------------------------------------------------------------
-
-def test_python_m_fmtcli_range_json():
-    proc = subprocess.run([sys.executable, "-m", "fmtcli", "range", "--json"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    specs = strict_loads(proc.stdout)
-    assert [s["name"] for s in specs] == ARTICLE_SIX
-    assert math.isclose(specs[1]["max"], 65504)
