@@ -13,7 +13,7 @@ import sys
 import types
 import warnings
 
-MOVED = {  # old dotted path -> where it lives now
+MOVED = {  # old dotted path -> where it lives now (a module split in two: its parts, in order)
     "fmtcli.backends": "fmtcli.numerics.backends",
     "fmtcli.checkpoints": "fmtcli.inputs.checkpoints",
     "fmtcli.choices": "fmtcli.base.choices",
@@ -33,12 +33,12 @@ MOVED = {  # old dotted path -> where it lives now
     "fmtcli.quantize.chunk": "fmtcli.engine.chunk",
     "fmtcli.quantize.cuda": "fmtcli.engine.cuda",
     "fmtcli.quantize.cuda_kernel": "fmtcli.engine.cuda_kernel",
-    "fmtcli.quantize.engine": "fmtcli.engine.run",
+    "fmtcli.quantize.engine": "fmtcli.engine.run fmtcli.quantize.run fmtcli.engine.chunk_pass",
     "fmtcli.quantize.metrics": "fmtcli.streaming.metrics",
     "fmtcli.quantize.native": "fmtcli.numerics.native",
     "fmtcli.quantize.parallel": "fmtcli.streaming.parallel",
     "fmtcli.quantize.ranking": "fmtcli.engine.ranking",
-    "fmtcli.quantize.results": "fmtcli.engine.results",
+    "fmtcli.quantize.results": "fmtcli.engine.results fmtcli.engine.scales",
     "fmtcli.quantize.roles": "fmtcli.streaming.roles",
     "fmtcli.quantize.stream": "fmtcli.streaming.stream",
     "fmtcli.quantize.torch_cuda": "fmtcli.engine.torch_cuda",
@@ -62,7 +62,8 @@ class _Forward(importlib.abc.Loader):
     """Makes the old name a module whose attributes are the new module's."""
 
     def __init__(self, new: str) -> None:
-        self.new = new
+        self.new = new.replace(" ", ", ")
+        self.targets = new.split()
 
     def create_module(self, spec):
         return None  # the default: a fresh module object named by the old path
@@ -70,9 +71,16 @@ class _Forward(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         warnings.warn(f"{module.__name__} has moved to {self.new}; import it from there",
                       DeprecationWarning, stacklevel=4)
-        target = importlib.import_module(self.new)
-        module.__getattr__ = lambda name: getattr(target, name)
-        module.__dir__ = lambda: dir(target)
+        targets = [importlib.import_module(name) for name in self.targets]
+
+        def forward(name: str):
+            for target in targets:
+                if hasattr(target, name):
+                    return getattr(target, name)
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+        module.__getattr__ = forward
+        module.__dir__ = lambda: sorted({n for t in targets for n in dir(t)})
         module.__doc__ = f"Moved to {self.new} (this path forwards to it)."
 
 

@@ -1,0 +1,73 @@
+"""The flat layout's module paths (before the layer folders) still import, forward to where
+each name lives now, and say so once with a DeprecationWarning (fmtcli/_moved.py)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+import pytest
+
+from fmtcli._moved import MOVED
+
+
+def fresh_import(name: str):
+    sys.modules.pop(name, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(name)
+    return module, [w for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_imports_and_warns_where_it_moved(old):
+    module, warned = fresh_import(old)
+    targets = MOVED[old].split()
+    assert warned and targets[0] in str(warned[0].message)
+    for target in targets:
+        importlib.import_module(target)  # every target exists
+    assert set(dir(importlib.import_module(targets[0]))) <= set(dir(module))
+
+
+@pytest.mark.parametrize("old, name, new", [
+    ("fmtcli.tensors", "load_inputs", "fmtcli.inputs.tensors"),
+    ("fmtcli.schemes", "build_scheme", "fmtcli.numerics.schemes"),
+    ("fmtcli.quantize.stream", "matrix_shape", "fmtcli.streaming.stream"),
+    ("fmtcli.quantize.engine", "quantize", "fmtcli.quantize.run"),
+    ("fmtcli.quantize.engine", "quantize_tensor", "fmtcli.engine.run"),
+    ("fmtcli.formats", "get_format", "fmtcli.numerics.formats"),
+    ("fmtcli.choices", "Granularity", "fmtcli.base.choices"),
+])
+def test_the_documented_names_of_the_old_paths_are_the_same_objects(old, name, new):
+    module, _ = fresh_import(old)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+def test_from_fmtcli_import_an_old_module_works():
+    sys.modules.pop("fmtcli.formats", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from fmtcli import formats
+    from fmtcli.numerics.formats import get_format
+
+    assert formats.get_format is get_format
+
+
+def test_an_unknown_name_of_an_old_path_is_an_import_error():
+    fresh_import("fmtcli.quantize.engine")
+    with pytest.raises(ImportError):
+        exec("from fmtcli.quantize.engine import no_such_name", {})
+
+
+def test_the_package_itself_uses_no_old_path():
+    """Nothing in fmtcli/ or tests/ (this file aside) imports a moved path."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"^\s*(?:from|import)\s+(" + "|".join(
+        re.escape(o) for o in MOVED) + r")\b", re.M)
+    found = [str(p) for d in ("fmtcli", "tests") for p in (root / d).rglob("*.py")
+             if p.name != Path(__file__).name and pattern.search(p.read_text())]
+    assert found == []
