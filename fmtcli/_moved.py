@@ -14,6 +14,8 @@ import types
 import warnings
 
 MOVED = {  # old dotted path -> where it lives now (a module split in two: its parts, in order)
+    "fmtcli.arithmetic.exactsum": "fmtcli.numerics.exactsum",
+    "fmtcli.attention.exact": "fmtcli.attention.reference fmtcli.numerics.exactsum",
     "fmtcli.backends": "fmtcli.numerics.backends",
     "fmtcli.checkpoints": "fmtcli.inputs.checkpoints",
     "fmtcli.choices": "fmtcli.base.choices",

@@ -71,3 +71,20 @@ def test_the_package_itself_uses_no_old_path():
     found = [str(p) for d in ("fmtcli", "tests") for p in (root / d).rglob("*.py")
              if p.name != Path(__file__).name and pattern.search(p.read_text())]
     assert found == []
+
+
+def test_every_module_of_the_flat_layout_still_imports():
+    """Every module the package had before the layer folders (commit 1cbea9d's tree)."""
+    flat = """fmtcli.arithmetic.calc fmtcli.arithmetic.dot fmtcli.arithmetic.dot_cuda
+    fmtcli.arithmetic.exactsum fmtcli.arithmetic.expression fmtcli.arithmetic.ops
+    fmtcli.arithmetic.pairs fmtcli.arithmetic.ratio fmtcli.arithmetic.runs
+    fmtcli.arithmetic.sum_inputs fmtcli.arithmetic.summation fmtcli.attention.accuracy
+    fmtcli.attention.budget fmtcli.attention.exact fmtcli.attention.io_model
+    fmtcli.attention.limits fmtcli.attention.ranges fmtcli.attention.report
+    fmtcli.attention.softmax fmtcli.attention.softmax_inputs fmtcli.attention.timing
+    fmtcli.compare.stats fmtcli.kv.inputs fmtcli.kv.scales fmtcli.quantize.distributed
+    fmtcli.underflow fmtcli.cli.options fmtcli.cli.output fmtcli.cli.app""".split()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in sorted(set(flat) | set(MOVED)):
+            importlib.import_module(name)
