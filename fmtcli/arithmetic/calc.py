@@ -32,6 +32,7 @@ from fmtcli.base.choices import RoundingMode
 from fmtcli.base.errors import UsageError
 from fmtcli.numerics.format_names import arithmetic_spec, format_label
 from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.tapered import check_one_precision
 
 Number = Ratio | Fraction | float
 
@@ -239,6 +240,8 @@ def calculate(expression: str, formats=DEFAULT_FORMATS,
     specs = [arithmetic_spec(f)[0] if isinstance(f, str) else f for f in formats]
     if not specs:
         raise UsageError("no formats given", "e.g. formats=['bf16', 'fp16', 'fp32']")
+    for spec in specs:  # the round-once engine rounds at one precision (no HiFloat8)
+        check_one_precision(spec, "fmt calc")
     rows = len(specs) * _count(tree)
     if rows > MAX_ROWS:
         raise UsageError(f"{len(specs)} formats x {_count(tree)} numbers and operations = "

@@ -62,6 +62,7 @@ from fmtcli.numerics import exactsum
 from fmtcli.numerics.format_names import arithmetic_spec, format_label, is_float64
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import round_to_format
+from fmtcli.numerics.tapered import check_one_precision
 
 DEFAULT_ACCUMULATORS = ("bfloat16", "float16", "float32", "float64")
 
@@ -161,6 +162,8 @@ def sum_values(values, accumulators=DEFAULT_ACCUMULATORS, format: str | FormatSp
     specs = [arithmetic_spec(a)[0] if isinstance(a, str) else a for a in accumulators]
     if not specs:
         raise UsageError("no accumulators given", "e.g. accumulators=['bf16', 'fp32']")
+    for spec in (store, *specs):  # the running sums round at one precision (no HiFloat8)
+        check_one_precision(spec, "fmt sum")
     units = exactsum.exact_units(stored)  # the exact sum: units * 2^-1074
     results = [_accumulate(stored, spec, name, block, rounding, seed, units) for spec in specs]
     return SumResult(source=source, count=int(stored.size), format=format_label(store),

@@ -32,7 +32,6 @@ from fmtcli.engine.chunk_parts import (
 )
 from fmtcli.numerics import native
 from fmtcli.numerics.backends import Backend, Device, cast_with_policy
-from fmtcli.numerics.formats import Specials
 from fmtcli.numerics.rounding import (
     PositionalUniform,
     RoundingMode,
@@ -139,7 +138,7 @@ class ChunkKernel:
         self.two_level = plan.scheme.scale_format is ScaleFormat.E4M3_FP32
         # Formats whose only range rule is max (no -0 rule, zero and sign as float32 has).
         self.plain = (self.spec.signed and self.spec.has_zero
-                      and self.spec.specials is not Specials.FNUZ)
+                      and self.spec.has_negative_zero)  # not fnuz, not HiFloat8
         # the compiled kernel (native.py) takes what the magic-number rounding of a float32
         # product does, on the numpy backend, for formats whose only range rule is max; fnuz
         # formats too (their -0 becomes +0, which no statistic tells apart; codes are never

@@ -33,6 +33,7 @@ from fmtcli.inputs.tensors import TensorInfo, TensorSource, skipped_records
 from fmtcli.numerics.backends import Backend, Device, cast, resolve
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import OverflowPolicy, RoundingMode, round_to_format
+from fmtcli.numerics.tapered import mantissa_bits_at
 from fmtcli.streaming.parallel import default_workers, run_tasks, shared_array
 from fmtcli.streaming.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
 
@@ -62,7 +63,8 @@ def _past_max(spec: FormatSpec) -> float:
     """Smallest value that nearest-even rounding takes past max (where a cast without
     inf/NaN clips it): max + ulp/2, the tie itself when max's last mantissa bit is odd (the
     tie rounds up to the even value beyond), else just above it (E4M3's 448 is even)."""
-    ulp = 2.0 ** (math.frexp(spec.max)[1] - 1 - spec.mantissa_bits)
+    top = math.frexp(spec.max)[1] - 1
+    ulp = 2.0 ** (top - mantissa_bits_at(spec, top))  # a tapered format's top binade's
     tie = spec.max + ulp / 2
     return tie if int(spec.max / ulp) % 2 else float(np.nextafter(tie, math.inf))
 

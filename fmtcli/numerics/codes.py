@@ -4,8 +4,9 @@ values) and ``all_values`` (every code's value, formats of at most 16 bits).
 Codes are unsigned integers of the smallest width that holds them (uint8 for FP8/6/4):
 sign, exponent field, mantissa field, as the format lays them out (``FormatSpec``: bias,
 subnormals, and where inf and NaN live: IEEE, ``fn`` with one NaN code and no inf,
-``fnuz`` with NaN at the negative-zero code).  ``encode`` takes values the format holds
-exactly (what ``rounding.round_to_format`` returns).
+``fnuz`` with NaN at the negative-zero code); a tapered format's codes are its own layout's
+(``numerics.tapered``).  ``encode`` takes values the format holds exactly (what
+``rounding.round_to_format`` returns).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from fmtcli.base.errors import UsageError
+from fmtcli.numerics import tapered
 from fmtcli.numerics.formats import FormatSpec, Specials
 
 
@@ -30,6 +32,8 @@ def encode(values, spec: FormatSpec) -> np.ndarray:
     becomes the format's NaN code (sign kept where NaN has one); in formats without NaN it
     becomes the negative-zero code, as ml_dtypes does.
     """
+    if spec.taper is not None:  # a tapered format's own layout (HiFloat8's dot field)
+        return tapered.encode(values, spec.taper)
     with np.errstate(invalid="ignore", over="ignore"):
         return _encode(np.asarray(values, dtype=np.float64), spec)
 
@@ -69,6 +73,8 @@ def _encode(v: np.ndarray, spec: FormatSpec) -> np.ndarray:
 
 def decode(codes, spec: FormatSpec) -> np.ndarray:
     """Values (float64) of bit patterns of the format; the inverse of ``encode``."""
+    if spec.taper is not None:
+        return tapered.decode(codes, spec.taper)
     c = np.asarray(codes).astype(np.uint64)
     m, e_bits = spec.mantissa_bits, spec.exponent_bits
     mant = (c & np.uint64((1 << m) - 1)).astype(np.float64)

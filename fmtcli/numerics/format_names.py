@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 
 from fmtcli.base.errors import UsageError, shown
 from fmtcli.numerics.formats import FormatSpec, Specials, resolve_format
+from fmtcli.numerics.tapered import check_one_precision
 
 #: Names of float64 (case and surrounding spaces aside).
 FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
@@ -20,10 +21,13 @@ FLOAT64_NAMES = ("float64", "fp64", "f64", "double", "torch.float64")
 
 def arithmetic_spec(name: str) -> tuple[FormatSpec, str | None]:
     """The spec of a format name and its note (``formats.resolve_format``), with float64
-    (fp64, double) as e11m52: arithmetic may be done in float64 here."""
+    (fp64, double) as e11m52: arithmetic may be done in float64 here.  A tapered format
+    (HiFloat8) is refused: this arithmetic rounds at one precision."""
     if name.strip().lower() in FLOAT64_NAMES:
         return resolve_format("e11m52")[0], None
-    return resolve_format(name)
+    spec, note = resolve_format(name)
+    check_one_precision(spec, "arithmetic in a format (fmt calc, sum, softmax)")
+    return spec, note
 
 
 def is_float64(spec: FormatSpec) -> bool:

@@ -8,8 +8,9 @@ computed exactly from those (every figure is a dyadic rational that a Python flo
 exactly) and is named as ``numpy.finfo`` names it.
 
 The registry holds every float format of ml_dtypes under its ml_dtypes/torch name plus
-``tfloat32``; custom formats are parsed from names such as ``e5m10``, ``e4m3fnuz`` or
-``e4m3_b11`` (see ``parse_custom``).
+``tfloat32`` and the tapered HiFloat8 (``hifloat8``: its mantissa bits change with the
+exponent, ``numerics.tapered``); custom formats are parsed from names such as ``e5m10``,
+``e4m3fnuz`` or ``e4m3_b11`` (see ``parse_custom``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from enum import Enum
 from fmtcli.base.choices import ARTICLE_FORMATS as ARTICLE_FORMATS  # re-exported
 from fmtcli.base.choices import RECIPE_NAMES
 from fmtcli.base.errors import Param, UnknownFormatError, UsageError, shown
+from fmtcli.numerics.tapered import HIF8_TAPER, Taper
 
 
 class Specials(str, Enum):
@@ -32,12 +34,14 @@ class Specials(str, Enum):
     - ``fn``: finite; only the all-ones code (exponent and mantissa) is NaN, per sign.
     - ``fnuz``: finite, unsigned zero; the negative-zero code is the single NaN.
     - ``finite``: every code is a number; no inf, no NaN (OCP MX FP6 and FP4).
+    - ``infnuz``: +-inf, one zero, its negative-zero code the one NaN (tapered: HiFloat8).
     """
 
     IEEE = "ieee"
     FN = "fn"
     FNUZ = "fnuz"
     FINITE = "finite"
+    INF_NUZ = "infnuz"
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,10 @@ class FormatSpec:
     """A binary floating-point format, stored as its defining parameters only.
 
     ``subnormals=False`` means exponent field 0 is an ordinary binade: the format has no
-    zero and no subnormals (E8M0, the OCP MX scale format).
+    zero and no subnormals (E8M0, the OCP MX scale format).  ``taper``: a tapered format
+    (``numerics.tapered``), whose range figures come from it; its ``exponent_bits`` is
+    then the widest exponent field, ``mantissa_bits`` those of 1's binade (what ``eps``
+    says), and ``bias`` 0.
     """
 
     name: str
@@ -57,13 +64,17 @@ class FormatSpec:
     subnormals: bool = True
     aliases: tuple[str, ...] = field(default=(), compare=False)
     description: str = field(default="", compare=False)
+    taper: Taper | None = None
 
     def __post_init__(self) -> None:
+        if (self.specials is Specials.INF_NUZ) != (self.taper is not None) or (
+                self.taper and self.taper.mantissa_at(0) != self.mantissa_bits):
+            raise UsageError("a tapered format has 'infnuz' specials and 1's mantissa bits")
         if not 1 <= self.exponent_bits <= 11:
             raise UsageError(f"exponent bits must be 1..11, got {self.exponent_bits}")
         if not 0 <= self.mantissa_bits <= 52:
             raise UsageError(f"mantissa bits must be 0..52, got {self.mantissa_bits}")
-        if self.specials is Specials.FNUZ and not self.signed:
+        if self.specials in (Specials.FNUZ, Specials.INF_NUZ) and not self.signed:
             raise UsageError("an unsigned format has no negative-zero code to hold NaN ('fnuz')")
         if self.specials is Specials.IEEE and self.exponent_bits == 1:
             raise UsageError("an IEEE-style format needs at least 2 exponent bits")
@@ -76,6 +87,8 @@ class FormatSpec:
     @property
     def bits(self) -> int:
         """Total storage bits (sign + exponent + mantissa)."""
+        if self.taper is not None:
+            return self.taper.bits
         return int(self.signed) + self.exponent_bits + self.mantissa_bits
 
     @property
@@ -102,16 +115,22 @@ class FormatSpec:
     @property
     def min_exponent(self) -> int:
         """Unbiased exponent of the smallest normal value (``finfo.minexp``)."""
+        if self.taper is not None:
+            return self.taper.normal_from
         return (1 if self.subnormals else 0) - self.bias
 
     @property
     def max_exponent(self) -> int:
         """Unbiased exponent of the largest finite value (``finfo.maxexp - 1``)."""
+        if self.taper is not None:
+            return math.frexp(self.taper.max)[1] - 1
         return self._max_exponent_field - self.bias
 
     @property
     def max(self) -> float:
         """Largest finite value."""
+        if self.taper is not None:
+            return self.taper.max
         significand = 1 + self._max_mantissa_field / (1 << self.mantissa_bits)
         return math.ldexp(significand, self.max_exponent)
 
@@ -123,6 +142,8 @@ class FormatSpec:
     @property
     def smallest_subnormal(self) -> float:
         """Smallest positive value (equal to smallest_normal when there are no subnormals)."""
+        if self.taper is not None:
+            return self.taper.smallest_subnormal
         if not self.subnormals or self.mantissa_bits == 0:
             return self.smallest_normal
         return math.ldexp(1.0, self.min_exponent - self.mantissa_bits)
@@ -135,13 +156,13 @@ class FormatSpec:
 
     @property
     def has_inf(self) -> bool:
-        return self.specials is Specials.IEEE
+        return self.specials in (Specials.IEEE, Specials.INF_NUZ)
 
     @property
     def has_nan(self) -> bool:
         if self.specials is Specials.IEEE:
             return self.mantissa_bits > 0
-        return self.specials in (Specials.FN, Specials.FNUZ)
+        return self.specials in (Specials.FN, Specials.FNUZ, Specials.INF_NUZ)
 
     @property
     def has_zero(self) -> bool:
@@ -149,7 +170,8 @@ class FormatSpec:
 
     @property
     def has_negative_zero(self) -> bool:
-        return self.signed and self.has_zero and self.specials is not Specials.FNUZ
+        return (self.signed and self.has_zero
+                and self.specials not in (Specials.FNUZ, Specials.INF_NUZ))
 
     @property
     def nan_codes(self) -> int:
@@ -159,13 +181,15 @@ class FormatSpec:
             return signs * ((1 << self.mantissa_bits) - 1)
         if self.specials is Specials.FN:
             return signs
-        if self.specials is Specials.FNUZ:
+        if self.specials in (Specials.FNUZ, Specials.INF_NUZ):
             return 1
         return 0
 
     @property
     def finite_values(self) -> int:
         """How many distinct finite values the format holds (+0 and -0 count once)."""
+        if self.taper is not None:  # a sign for each, and one zero
+            return (2 if self.signed else 1) * self.taper.positive_values + 1
         codes = 1 << self.bits
         codes -= self.nan_codes
         if self.has_inf:
@@ -208,6 +232,7 @@ class FormatSpec:
             "dynamic_range_binades": self.dynamic_range_binades, "has_inf": self.has_inf,
             "has_nan": self.has_nan, "has_zero": self.has_zero,
             "has_negative_zero": self.has_negative_zero,
+            **({} if self.taper is None else {"taper": self.taper.spans}),
         }
 
     def __str__(self) -> str:
@@ -216,11 +241,9 @@ class FormatSpec:
 
 # -- registry -------------------------------------------------------------------------
 
-def _spec(name, e, m, bias=None, specials=Specials.IEEE, *, signed=True, subnormals=True,
-          aliases=(), description=""):
-    if bias is None:
-        bias = default_bias(e, specials)
-    return FormatSpec(name, e, m, bias, specials, signed, subnormals, tuple(aliases), description)
+def _spec(name, e, m, bias=None, specials=Specials.IEEE, *, aliases=(), **rest):
+    bias = default_bias(e, specials) if bias is None else bias
+    return FormatSpec(name, e, m, bias, specials, aliases=tuple(aliases), **rest)
 
 
 def default_bias(exponent_bits: int, specials: Specials) -> int:
@@ -259,12 +282,12 @@ _REGISTERED = (
     _spec("float4_e2m1fn", 2, 1, specials=Specials.FINITE,
           aliases=("e2m1", "fp4", "fp4_e2m1", "e2m1fn", "float4_e2m1fn_x2"),
           description="OCP MX / NVFP4 element FP4 E2M1, no inf or NaN"),
+    _spec("hifloat8", 4, 3, bias=0, specials=Specials.INF_NUZ, aliases=("hif8",), taper=HIF8_TAPER,
+          description="Huawei Ascend HiF8, tapered: 3 mantissa bits near 1, 1 at the ends"),
 )
 
 REGISTRY: dict[str, FormatSpec] = {spec.name: spec for spec in _REGISTERED}
 ALIASES: dict[str, str] = {alias: spec.name for spec in _REGISTERED for alias in spec.aliases}
-
-#: The formats of the article's table, the default of ``fmt range`` and ``fmt underflow``.
 
 #: Names that could mean more than one format, with the one chosen and a note for stderr.
 AMBIGUOUS = {

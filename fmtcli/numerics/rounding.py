@@ -23,6 +23,8 @@ Special values, by format kind:
 - NaN input stays NaN.  In a format without a NaN code (FP6, FP4) the value returned is
   still NaN, to flag that the format cannot hold it (ml_dtypes silently stores a zero there;
   ``encode`` gives that code too, as the only one the hardware could write).
+- tapered formats (HiFloat8, ``numerics.tapered``): each binade is rounded at its own
+  spacing, ``2**(e - m(e))``; the binades of 0 mantissa bits round as E8M0's below.
 - formats with no mantissa bits (E8M0, custom ``e7m0``): "nearest-even" has no even
   neighbour to prefer (every grid point is a power of two, each with mantissa 0), so a tie
   (1.5 * 2**k) goes up in magnitude, to 2**(k+1), as ml_dtypes (from 0.5.3) and torch do;
@@ -85,8 +87,11 @@ def round_unbounded(x: np.ndarray, spec: FormatSpec, rounding: RoundingMode,
     """
     m = spec.mantissa_bits
     _, exponent = np.frexp(x)  # |x| in [2**(exponent-1), 2**exponent)
-    exponent -= 1 + m
-    np.maximum(exponent, spec.min_exponent - m, out=exponent)  # ulp exponent
+    if spec.taper is not None:  # each binade's own spacing (numerics.tapered)
+        exponent = spec.taper.ulp_exponents(exponent - 1)
+    else:
+        exponent -= 1 + m
+        np.maximum(exponent, spec.min_exponent - m, out=exponent)  # ulp exponent
     y = np.ldexp(x, -exponent)  # exact: |y| < 2**(m+1)
     if rounding is RoundingMode.NEAREST_EVEN:
         np.rint(y, out=y)
@@ -175,8 +180,9 @@ class PositionalUniform:
 def magic_rounding_applies(spec: FormatSpec) -> bool:
     """Whether ``round_float32_nearest_even`` is exact for this format (see there)."""
     m = spec.mantissa_bits
-    return (spec.signed and spec.subnormals and m <= 22 and spec.min_exponent >= -126
-            and spec.min_exponent - m >= -149 and spec.max_exponent <= 103 + m)
+    return (spec.taper is None and spec.signed and spec.subnormals and m <= 22
+            and spec.min_exponent >= -126 and spec.min_exponent - m >= -149
+            and spec.max_exponent <= 103 + m)
 
 
 def round_float32_nearest_even(x: np.ndarray, spec: FormatSpec) -> np.ndarray:
@@ -285,7 +291,7 @@ def apply_range(x: np.ndarray, r: np.ndarray, spec: FormatSpec, rounding: Roundi
             if infinite_input.any():  # inf is exact, not an overflow
                 xi = x[infinite_input]
                 r[infinite_input] = xi if spec.has_inf else np.copysign(np.nan, xi)
-    if spec.specials is Specials.FNUZ:
+    if spec.specials in (Specials.FNUZ, Specials.INF_NUZ):
         r += 0.0  # -0 becomes +0; no negative zero exists
     if not spec.signed:
         r[(x < 0) | np.signbit(r) & (r == 0)] = np.nan

@@ -57,6 +57,7 @@ import numpy as np
 from fmtcli.base.choices import Product, ScaleRule
 from fmtcli.base.errors import UsageError
 from fmtcli.numerics.formats import FormatSpec
+from fmtcli.numerics.tapered import mantissa_bits_at
 
 # The grid of the MSE scale search (scale-search, kv): margins in binades below the amax
 # scale, first every quarter binade from -1 to 6, then steps of 1/32 around the best
@@ -169,7 +170,7 @@ def _mx_exponent(ap: np.ndarray, spec: FormatSpec, rule: ScaleRule,
         # (a carry bumps the exponent field, up to 255 = 2**128 for amax near float32's
         # max: no wrap to inf), then floor as mx-floor; subnormal amaxes count as 2**-126.
         bits = ap.astype(np.float32).view(np.uint32).astype(np.int64)
-        field = (bits + (1 << (23 - spec.mantissa_bits - 1))) >> 23
+        field = (bits + (1 << (23 - mantissa_bits_at(spec, emax) - 1))) >> 23
         return np.maximum(field, 1) - 127 - emax
     if rule is ScaleRule.MX_RCEIL:
         return _ceil_log2(ap / fmax)

@@ -29,10 +29,18 @@ _RANGE_COLUMNS = [("format", "left"), ("bits", "right"), ("E", "right"), ("M", "
                   ("NaN", "center"), ("-0", "center")]
 
 
+def _layout_cells(spec: FormatSpec) -> list[str]:
+    """E, M and bias; a tapered format's fields by their narrowest and widest (no bias)."""
+    if spec.taper is None:
+        return [str(spec.exponent_bits), str(spec.mantissa_bits), str(spec.bias)]
+    low, high = spec.taper.exponent_widths
+    return [f"{low}-{high}", f"{min(spec.taper.mantissa)}-{max(spec.taper.mantissa)}", "-"]
+
+
 def _range_cells(spec: FormatSpec) -> list[str]:
     name = spec.name if not spec.aliases else f"{spec.name}\n[dim]{spec.aliases[0]}[/dim]"
-    return [name, str(spec.bits), str(spec.exponent_bits), str(spec.mantissa_bits),
-            str(spec.bias), exact_text(spec.max), exact_text(spec.smallest_normal),
+    return [name, str(spec.bits), *_layout_cells(spec), exact_text(spec.max),
+            exact_text(spec.smallest_normal),
             exact_text(spec.smallest_subnormal), exact_text(spec.eps),
             f"{spec.decimal_digits:.1f}", f"{spec.dynamic_range_binades:.0f}",
             _yes(spec.has_inf), _yes(spec.has_nan), _yes(spec.has_negative_zero)]
