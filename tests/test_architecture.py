@@ -144,6 +144,7 @@ def test_every_module_has_a_layer(path):
     assert layer_of(dotted(path)) is not None, f"{dotted(path)}: no layer (FOLDERS)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", modules(), **IDS)
 def test_imports_point_down_the_layers(path):
     here = dotted(path)

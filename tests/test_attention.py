@@ -233,6 +233,7 @@ def test_io_alone_answers_for_gpt2_medium_without_tensors():
 HUGE = "1" + "0" * 400
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("option", "limit"), [
     ("--batch", "1048576"), ("--heads", "65536"), ("--seq", "16777216"), ("--dim", "65536"),
     ("--block-q", "16777216"), ("--block-k", "16777216"), ("--sram", "1099511627776")])
@@ -269,6 +270,7 @@ def _files(tmp_path, q, k, v):
     return [tmp_path / f"{name}.npy" for name in "qkv"]
 
 
+@pytest.mark.slow
 def test_finite_inputs_never_give_nan_figures(tmp_path):
     """Issue 22 item 11: float64 inputs of 1e300 gave RMSE "nan" (exit 0) with five numpy
     RuntimeWarning notes.  What cannot be computed is refused in one DataError line naming
@@ -308,6 +310,7 @@ def test_a_float32_accumulator_that_overflows_is_refused():
         A.attention_accuracy(q, q, v, F32, block_q=8, block_k=64)
 
 
+@pytest.mark.slow
 def test_tiny_and_zero_inputs_give_finite_figures(tmp_path):
     for x in (np.zeros((6, 8)), np.full((6, 8), 1e-300), np.full((6, 8), 1e-40)):
         for fmt in ("float16", "e4m3fn", "float32"):
@@ -317,6 +320,7 @@ def test_tiny_and_zero_inputs_give_finite_figures(tmp_path):
                            for key in ("rmse", "max_abs_error", "max_rel_error")), (fmt, row)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "fragments"), [
     (["--seq", "4096", "--dim", "16384", "--heads", "1"],
      ["would hold about 4.8 GiB", "limit of 3 GiB", "--io"]),
@@ -345,6 +349,7 @@ def test_files_too_large_to_hold_are_refused_before_they_are_read(tmp_path):
                        "limit of 3 GiB")
 
 
+@pytest.mark.slow
 def test_the_estimate_is_near_what_a_run_takes():
     """The estimate's memory against the peak of a real run in a fresh process (a 1x1x2048x64
     float16 run: one head's 4M scores), within a factor of two either way."""
@@ -367,6 +372,7 @@ def test_the_estimate_is_near_what_a_run_takes():
     assert 0.5 < guess / peak < 2, (guess, peak)
 
 
+@pytest.mark.slow
 def test_inputs_from_files(tmp_path):
     q, k, v = small(b=1, h=2, n=24, d=8)
     for name, x in zip("qkv", (q, k, v)):
@@ -391,6 +397,7 @@ def test_inputs_from_files(tmp_path):
                               tmp_path / "v.npy", "--seq", "8"), "--seq")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["--hadamard", "--dim", "48"], "--hadamard needs --dim a power of two, got 48"),
     (["--format", "fp7"], "unknown format"),
@@ -420,6 +427,7 @@ def test_time_without_cuda_is_one_line():
     assert "--device cuda" in line or "torch" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("args", [
     ["--seq", "128", "--heads", "2", "--format", "e4m3fn", "--hadamard", "--outliers", "0.01"],

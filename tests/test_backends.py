@@ -128,6 +128,7 @@ def test_underflow_backend_option():
     assert status("torch") == ("saturated" if TORCH_SATURATES else "overflow")
 
 
+@pytest.mark.slow
 def test_check_backends_json_classes():
     reports = {(r["format"], r["backend"], r["device"]): r
                for r in json_of("check-backends", "e4m3fn", "fp16", "tf32")["reports"]}

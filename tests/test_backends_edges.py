@@ -4,7 +4,10 @@ before torch is imported: checked in a fresh interpreter that never loads it.
 
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.slow
 def test_backend_refusals_come_before_importing_torch():
     import subprocess
     import sys

@@ -222,6 +222,7 @@ print(after_quantize, "ml_dtypes" in sys.modules)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["npy", "npz", "safetensors", "pt"])
 def test_a_fresh_process_quantizes_bfloat16_without_importing_ml_dtypes(kind, tmp_path):
     """Loading and quantizing a bfloat16 file (e4m3, e5m2, bfloat16 itself as formats)
@@ -234,6 +235,7 @@ def test_a_fresh_process_quantizes_bfloat16_without_importing_ml_dtypes(kind, tm
         assert done.stdout.split() == ["False", "True"], (fmt, done.stdout)
 
 
+@pytest.mark.slow
 def test_the_cli_quantizes_bfloat16_safetensors_without_importing_ml_dtypes(tmp_path):
     """``fmt quantize FILE --json`` on a bfloat16 .safetensors, in a fresh process as a
     user runs it."""

@@ -99,6 +99,7 @@ def test_skipped_tensor_keeps_every_key(crepe):
     assert quantized["skipped"] is None and len(quantized["schemes"]) == 2
 
 
+@pytest.mark.slow
 def test_table_labels_both_sqnrs(crepe):
     for columns in ("80", "120"):
         result = invoke("quantize", crepe, env={"COLUMNS": columns})
@@ -114,6 +115,7 @@ def test_table_labels_both_sqnrs(crepe):
         assert_fits(out, int(columns))
 
 
+@pytest.mark.slow
 def test_scale_search_ranks_without_buffers(crepe):
     """The candidates' statistics are those of the weights alone, and a note says so."""
     doc = json_of("scale-search", crepe)

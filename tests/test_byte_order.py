@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from cli_helpers import invoke, strict_loads
 
+pytestmark = pytest.mark.slow
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = ["f2", "f4", "f8", "bf16"]
 CONTAINERS = ["npy", "npz", "npz-compressed"]

@@ -49,6 +49,7 @@ def edges(name: str) -> list[float]:
     return sorted({*stored, *(-x for x in stored)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LISTED))
 @pytest.mark.parametrize("mode", MODES)
 def test_every_operation_at_the_edges_is_the_exact_result_rounded_once(name, mode):
@@ -137,6 +138,7 @@ def test_fma_rounds_once_where_a_product_and_a_sum_round_twice():
     assert f32.add(f32.mul(a, b)[1], -1.0)[1] == 0.0  # the product rounds to 1 first
 
 
+@pytest.mark.slow
 def test_rational_and_float_rounding_agree_in_every_mode():
     rng = np.random.default_rng(5)
     xs = rng.standard_normal(500) * 10.0 ** rng.integers(-45, 40, 500)
@@ -246,6 +248,7 @@ def leading_digits(q: Fraction, digits: int = 17) -> str:
     return f"{value:.{digits - 1}e}".replace("e+", "e+").replace("e", "e")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("expression", "text"), [
     ("2^-99999", "2^-99999"), ("2^-13000", "2^-13000"), ("3 * 2^-13000", "3*2^-13000"),
     ("-(2^99999)", "-2^99999"), ("3 * 10^-5000", "3e-5000"), ("10^-4400 * 7", "7e-4400")])
@@ -259,6 +262,7 @@ def test_exact_values_past_python_s_4300_digits_are_written_exactly_and_bounded(
     assert doc["exact_text"] == text
 
 
+@pytest.mark.slow
 def test_long_exact_values_are_seventeen_significant_digits():
     """0.7^99999 (about 10^-15491): its 17 leading digits, and an exponent."""
     doc = json_of("calc", "0.7^99999 * 3", "--format", "fp32")
@@ -293,6 +297,7 @@ def test_values_beyond_float64_are_shown_to_the_table_s_digits(width):
     assert "≈9.097109e-15491" in out and "≈2.729133e-15490" in out
 
 
+@pytest.mark.slow
 def test_exact_values_that_would_take_minutes_are_refused_at_once():
     """12 factors of 0.7^99999 took 193 s (gcds of million-bit numbers); the estimate of
     the exact value's work refuses it, and the 2,000-character expression of 200 factors,
@@ -320,6 +325,7 @@ HOSTILE = ["__import__('os').system('true')", "().__class__.__bases__", "x + 1",
            "\x00", "f'{1}'", "\u00bd"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("expression", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_expressions_are_one_usage_error_quickly(expression):
     start = time.perf_counter()
@@ -358,6 +364,7 @@ def test_stochastic_rounding_is_reproducible_from_the_seed():
     assert a["rounding"] == "stochastic"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("args", [["1 + 2^-9"], ["fma(0.1, 10, -1) + sqrt(2)/3 - 1e-8"],
                                   ["0.1 + 0.2", "--format", "e4m3,e5m2,fp32,fp64"],

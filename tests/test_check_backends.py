@@ -79,6 +79,7 @@ def test_float64_input_is_one_of_the_cases_and_the_table_says_what_it_found():
     assert line.split()[3:5] == (["72", "64"] if twice else ["72", "72"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not native.built(), reason="the compiled kernel is not built here")
 def test_the_kernel_line_says_built_and_whether_fmtcli_kernel_turns_it_off():
     on = invoke("check-backends", "fp16").stdout
@@ -90,6 +91,7 @@ def test_the_kernel_line_says_built_and_whether_fmtcli_kernel_turns_it_off():
                                             "on": False}
 
 
+@pytest.mark.slow
 def test_an_install_without_the_kernel_says_so(monkeypatch):
     monkeypatch.setattr(native, "_compiled", None)
     doc = json_of("check-backends", "fp16")
@@ -138,6 +140,7 @@ def test_scale_search_of_a_large_input_without_the_kernel_gets_the_note(no_kerne
     assert result.exit_code == 0 and result.stderr.count(NOTE) == 1, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not native.built(), reason="the compiled kernel is not built here")
 def test_the_note_is_for_a_missing_kernel_not_for_one_turned_off(monkeypatch, tmp_path):
     """In a fresh process over 64 MiB of values: FMTCLI_KERNEL=numpy is the user's choice

@@ -118,6 +118,7 @@ def test_a_sharded_folder_gives_its_tensors_in_the_index_order_reading_each_shar
     assert sources == {name: shard for shard, names in SHARDS.items() for name in names}
 
 
+@pytest.mark.slow
 def test_a_sharded_folder_has_the_statistics_of_the_same_tensors_in_one_file(tmp_path):
     folder = sharded_folder(tmp_path / "model")
     arrays = model_tensors()
@@ -249,6 +250,7 @@ INDEX_FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", INDEX_FAULTS, ids=list(INDEX_FAULTS))
 def test_a_faulty_index_is_one_error_line_naming_it(tmp_path, fault):
     folder = sharded_folder(tmp_path / "model")

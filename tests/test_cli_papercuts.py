@@ -30,6 +30,7 @@ def value_options(command) -> list[str]:
 
 # -- a recipe is not a format ------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPE_NAMES)
 def test_a_recipe_given_as_a_format_names_the_recipe_option(recipe):
     line = assert_usage_error(invoke("quantize", "--format", recipe), "unknown format",
@@ -37,6 +38,7 @@ def test_a_recipe_given_as_a_format_names_the_recipe_option(recipe):
     assert "did you mean" not in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["range", "MXFP8"], ["underflow", "1", "--format", "nvfp4"],
                                   ["calc", "1+1", "--format", "fp16,mxfp4"],
                                   ["scale-search", "--format", "mxfp6"],
@@ -72,6 +74,7 @@ def test_every_command_has_fmt_s_command_class():
     assert len(WITH_VALUES) >= len(commands()) - 1  # range: flags and arguments only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WITH_VALUES)
 def test_a_mistyped_option_of_every_command_suggests_the_right_one(name):
     option = [o for o in value_options(commands()[name]) if len(o) >= 7][0]
@@ -112,6 +115,7 @@ def test_extra_arguments_say_what_the_command_takes():
                        "extra argument(s): c.npy")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WITH_VALUES)
 def test_an_option_without_its_value_points_to_the_command_s_help(name):
     option = value_options(commands()[name])[-1]
@@ -121,6 +125,7 @@ def test_an_option_without_its_value_points_to_the_command_s_help(name):
 
 # -- help --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(commands()))
 def test_help_shows_no_click_type_names_as_metavars(name):
     out = invoke(name, "--help").stdout
@@ -136,6 +141,7 @@ def test_a_number_s_plain_metavar_is_n_and_its_range_stays_in_brackets():
 
 # -- workers -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_workers_are_bounded_by_the_cores_available(tmp_path):
     from fmtcli.base.choices import cores_available
 
@@ -190,6 +196,7 @@ def fmt_to_a_pipe(*args, columns: str | None = None) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["range"], ["quantize"], ["underflow", "1e-8", "3e5"]])
 def test_a_table_in_a_pipe_has_no_trailing_spaces_and_the_docs_width(args):
     out = fmt_to_a_pipe(*args)
@@ -250,6 +257,7 @@ def test_the_help_offers_completion():
     assert "--install-completion" in out and "--show-completion" in out
 
 
+@pytest.mark.slow
 def test_completion_offers_commands_options_and_choices():
     assert complete("fmt qu") == ["quantize"]
     assert "--format" in complete("fmt quantize --fo")

@@ -246,6 +246,7 @@ def test_any_dtype_reads_both_as_float64(tmp_path):
     assert doc["tensors"][0]["test_dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_usage_errors(tmp_path):
     checkpoints(tmp_path)
     np.save(tmp_path / "a.npy", np.ones((16, 24), np.float16))
@@ -283,6 +284,7 @@ def test_a_long_name_breaks_at_dots(tmp_path):
     assert "".join(lines).startswith(name) and max(map(len, lines)) <= 80
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("many", [1, 4, 12])
 def test_tables_fit(tmp_path, width, many):

@@ -38,6 +38,8 @@ from typer.testing import CliRunner
 
 from fmtcli.cli import app
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 WIDTH = "80"

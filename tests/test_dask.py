@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of
 
+pytestmark = pytest.mark.slow
+
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 

@@ -48,6 +48,7 @@ def test_commands_are_registered():
     assert {"quantize", "range", "underflow", "scale-search", "check-backends"} <= set(COMMANDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
     result = CliRunner().invoke(app, [command, "--help"])
@@ -120,6 +121,7 @@ def test_the_readme_and_the_library_page_have_python_sessions():
     assert {"README.md", "docs/python-api.md"} <= pages
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "number", "source"), sessions(),
                          ids=[f"{p}-{n}" for p, n, _ in sessions()])
 def test_python_session_runs_as_written(page, number, source, tmp_path):
@@ -145,6 +147,7 @@ def cli_reference():
     return module
 
 
+@pytest.mark.slow
 def test_the_cli_reference_is_current():
     reference = cli_reference()
     shown = reference.generated_with(reference.PAGE.read_text())
@@ -155,6 +158,7 @@ def test_the_cli_reference_is_current():
         f"docs/cli-reference.md is stale: run `{reference.COMMAND}` and commit it")
 
 
+@pytest.mark.slow
 def test_the_cli_reference_has_every_command_and_no_other():
     reference = cli_reference()
     assert reference.commands() == [c.name for c in app.registered_commands if not c.hidden]

@@ -120,6 +120,7 @@ def test_wide_formats_are_cast_without_a_scale():
 
 # -- the accumulator against the Fraction reference ----------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rounding", [TZ, RNE])
 @pytest.mark.parametrize("bits,promote,group", [(3, None, 1), (5, 32, 8), (13, None, 32),
                                                 (8, 16, 5), (13, 64, 32)])
@@ -363,6 +364,7 @@ def test_cli_files(tmp_path):
     assert_data_error(invoke("dot", tmp_path / "a.npy", tmp_path / "nan.npy"), "NaN")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,fragment", [
     (["--accumulator-bits", "10", "--accumulator", "bf16"], "alternatives"),
     (["--scale-granularity", "tile"], "block:BS"),
@@ -387,6 +389,7 @@ def test_device_cuda_without_cuda_is_one_line():
     assert "--device cuda" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("args", [
     ["--promote-every", "128"],

@@ -140,6 +140,7 @@ def test_the_keyword_scan_finds_a_written_parameter(tmp_path):
                                                  "sample.py:2: {...}="]
 
 
+@pytest.mark.slow
 def test_no_raise_site_writes_a_parameter_into_its_text():
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _written_keywords(path)]
     assert found == []

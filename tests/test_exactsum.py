@@ -34,6 +34,7 @@ def test_exact_units_is_the_exact_sum(values):
     assert Fraction(units, exactsum.SCALE) == exact(values)
 
 
+@pytest.mark.slow
 def test_exact_units_of_many_values_across_passes():
     rng = np.random.default_rng(3)
     x = rng.normal(size=300_000) * 2.0 ** rng.integers(-40, 40, 300_000)  # two passes

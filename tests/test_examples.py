@@ -31,6 +31,7 @@ def test_there_are_examples():
     assert [path.name for path in EXAMPLES] and set(KEY_FIGURES) <= {p.name for p in EXAMPLES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(path):
     proc = run_python(str(path))

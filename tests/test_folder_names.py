@@ -87,6 +87,7 @@ def test_compare_a_folder_with_its_copy_pairs_files_by_relative_path(dup, tmp_pa
     assert doc["tensors"][2]["test_source"] == str(copy / "b.safetensors")
 
 
+@pytest.mark.slow
 def test_compare_one_file_with_the_folder_pairs_its_own_file(dup):
     result = run_fmt("compare", dup / "a.safetensors", dup, "--json")
     assert result.returncode == 0
@@ -140,6 +141,7 @@ def test_compare_key_takes_the_file_and_name_a_table_shows(dup):
     assert [t["name"] for t in both["tensors"]] == ["a.safetensors:w", "b.safetensors:w"]
 
 
+@pytest.mark.slow
 def test_compare_roles_merge_a_name_across_files(mpnn):
     doc = json_of("compare", mpnn, mpnn)
     assert len(doc["tensors"]) == 5 * len(mpnn_state())
@@ -149,6 +151,7 @@ def test_compare_roles_merge_a_name_across_files(mpnn):
     assert roles["model_state_dict.W_out.bias"] == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 120])
 def test_compare_tables_show_files_and_cut_the_shared_prefix(mpnn, columns):
     lines = lines_of("compare", mpnn, mpnn, columns=columns)
@@ -177,6 +180,7 @@ def test_quantize_rows_show_the_file_where_names_repeat(dup):
     assert [t["key"] for t in doc["tensors"]] == ["w", "only_b", "w"]
 
 
+@pytest.mark.slow
 def test_quantize_worst_list_and_blocks_name_the_file(mpnn):
     text = "\n".join(lines_of("quantize", mpnn, "--recipe", "nvfp4", "--worst-blocks", "3",
                               "--top", "10", columns=200))  # wide: each name beside its row
@@ -196,6 +200,7 @@ def test_quantize_key_takes_the_file_and_name(dup):
     assert len(glob["tensors"]) == 2
 
 
+@pytest.mark.slow
 def test_quantize_summary_cuts_the_shared_prefix_and_fits_a_screen(mpnn):
     for columns in (80, 120):
         lines = lines_of("quantize", mpnn, "--recipe", "nvfp4", columns=columns)
@@ -207,6 +212,7 @@ def test_quantize_summary_cuts_the_shared_prefix_and_fits_a_screen(mpnn):
     assert all(g["pattern"].startswith("model_state_dict.") for g in doc["groups"])
 
 
+@pytest.mark.slow
 def test_pt_files_of_a_ligandmpnn_folder(tmp_path):
     """The real layout: .pt files holding {'num_edges', 'model_state_dict': {...}}."""
     torch = pytest.importorskip("torch")

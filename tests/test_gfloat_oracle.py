@@ -56,6 +56,7 @@ def candidates(spec, seed=0) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saturate", [False, True], ids=["ieee", "saturate"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", PEERS)
@@ -137,6 +138,7 @@ def mx_blocks(seed=0) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("recipe", MX)
 def test_mx_blocks_agree_with_gfloat(recipe, mode, tmp_path):

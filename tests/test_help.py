@@ -19,6 +19,7 @@ def test_version():
     assert result.stdout.strip() == f"fmtcli {__version__}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, mentions", [
     (("--help",), ("range", "underflow", "--version")),
     (("-h",), ("range", "underflow")),
@@ -55,6 +56,7 @@ def test_plain_fmt_lists_every_command_without_cutting_its_summary():
         assert f"  {name} " in listing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, usage", [
     ("underflow", "[OPTIONS] VALUE..."), ("quantize", "[OPTIONS] [FILE]..."),
     ("range", "[OPTIONS] [FORMAT]..."), ("scale-search", "[OPTIONS] [FILE]..."),

@@ -166,6 +166,7 @@ def _inputs() -> np.ndarray:
     return np.concatenate([x, -x])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["nearest-away", "nearest-even", "toward-zero", "up", "down"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_rounding_equals_a_search_of_the_value_set(mode, dtype):

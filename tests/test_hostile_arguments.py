@@ -26,6 +26,7 @@ def data(tmp_path):
 
 # -- numbers with thousands of digits ---------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["underflow", BIG], ["underflow", "0." + "1" * 5000], ["underflow", "1e999999999999"],
     ["underflow", "1", "--scale", BIG], ["underflow", "1", "--scale", "0." + "1" * 5000],
@@ -52,6 +53,7 @@ def test_a_path_with_a_newline_makes_a_one_line_error(tmp_path):
     assert "a\\nb.txt" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["quantize", "--format", ""], ["quantize", "--format", " "], ["quantize", "--recipe", ""],
     ["quantize", "--tile", ""], ["scale-search", "--format", ""], ["scale-search", "--tile", ""],
@@ -113,6 +115,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", HOSTILE, ids=[" ".join(a)[:40] for a in HOSTILE])
 def test_hostile_arguments_are_refused_in_one_line(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

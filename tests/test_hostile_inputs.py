@@ -495,6 +495,7 @@ def test_safetensors_truncated_at_each_boundary(tmp_path, cut):
 
 # -- empty files, directories, paths -------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".npy", ".npz", ".safetensors", ".pt", ".txt", ".csv",
                                     ".json"])
 def test_empty_file_of_each_kind(tmp_path, suffix):

@@ -45,6 +45,7 @@ PURPOSES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "words"), PURPOSES, ids=[" ".join(a) for a, _ in PURPOSES])
 def test_a_command_with_nothing_usable_says_what_it_wanted_the_tensors_for(ints, args, words):
     done = run_fmt(*[str(ints / a) if a.endswith((".npz", ".npy")) else a for a in args])

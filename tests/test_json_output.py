@@ -20,6 +20,7 @@ JSON_RUNS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", JSON_RUNS, ids=[" ".join(a)[:40] for a in JSON_RUNS])
 def test_json_is_one_strict_document(args):
     result = invoke(*args, "--json")

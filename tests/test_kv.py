@@ -93,6 +93,7 @@ def test_mse_rule_is_no_worse_than_amax():
         assert s.recommended.sqnr_db == max(t.sqnr_db for t in s.stats)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out_suffix", [".safetensors", ".json"])
 def test_scales_written_and_applied_as_vllm_does_give_the_figures_reported(tmp_path,
                                                                            out_suffix):
@@ -162,6 +163,7 @@ def test_k_and_v_files(tmp_path):
                       "a second K of layer 0")
 
 
+@pytest.mark.slow
 def test_errors(tmp_path):
     assert_usage_error(invoke("kv", "--layout", "tokens,heads"), "heads and dim")
     assert_usage_error(invoke("kv", "--format", "fp16"), "e4m3fn")
@@ -181,6 +183,7 @@ def test_errors(tmp_path):
     assert_usage_error(invoke("kv", "--out", tmp_path / "no" / "s.json"), "no such directory")
 
 
+@pytest.mark.slow
 def test_json_direction_and_unit_cost():
     doc = json_of("kv", "--granularity", "tensor,head,tensor")  # the repeat counts once
     assert doc["direction"].startswith("vllm: x ~ q * k_scale")
@@ -193,6 +196,7 @@ def test_json_direction_and_unit_cost():
     assert doc["recommended_total"]["k"]["sqnr_db"] > k_total[("tensor", "unit")]["sqnr_db"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3fnuz"])
 @pytest.mark.parametrize("width", [80, 120])
 def test_tables_fit(width, fmt):
@@ -210,6 +214,7 @@ def kv_file(tmp_path, seed: int = 5):
     return tensors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("candidates", ["amax", "unit,amax,amax-x2,p99.99,mse"])
 def test_scales_written_give_the_figures_reported_as_vllm_applies_them_on_both_gpus(
         tmp_path, candidates):
@@ -251,6 +256,7 @@ def test_scales_written_give_the_figures_reported_as_vllm_applies_them_on_both_g
         assert np.abs(scaled).max() <= 240
 
 
+@pytest.mark.slow
 def test_tiny_or_zero_k_is_refused_naming_the_tensor_and_nothing_warns(tmp_path):
     rng = np.random.default_rng(3)
     np.save(tmp_path / "layers.0.k.npy", (rng.standard_normal((16, 2, 8)) * 1e-43).astype(
@@ -278,6 +284,7 @@ def test_tiny_or_zero_k_is_refused_naming_the_tensor_and_nothing_warns(tmp_path)
     assert candidate_scale(x * 4, "token-head", "mse", fnuz).min() >= 2.0 ** -125
 
 
+@pytest.mark.slow
 def test_out_safetensors_needs_no_safetensors_package_and_has_a_new_files_mode(tmp_path):
     kv_file(tmp_path)
     blocker = tmp_path / "blocked" / "safetensors"

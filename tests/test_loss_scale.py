@@ -181,6 +181,7 @@ def edge_values(thresholds: dict) -> np.ndarray:
 
 # -- the sweep against a direct count ----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_counts_match_a_direct_count_for_every_scale(tmp_path, fmt):
     rng = np.random.default_rng(17)
@@ -225,6 +226,7 @@ def test_other_format_thresholds_by_hand(tmp_path, fmt, kept, normal, overflow):
     assert (t["kept"], t["normal"], t["overflow"]) == (kept, normal, overflow)
 
 
+@pytest.mark.slow
 def test_bf16_almost_never_flushes_and_fp8_overflows_early(tmp_path):
     rng = np.random.default_rng(2)
     g = log_uniform(rng, 5000, -100, -1)
@@ -303,6 +305,7 @@ GRAD_SCALER_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(GRAD_SCALER_CASES))
 def test_grad_scaler_settles_where_a_simulation_does(tmp_path, case):
     top, settle, steps = GRAD_SCALER_CASES[case]
@@ -344,6 +347,7 @@ def test_most_kept_and_best_safe_differ_when_the_top_overflows():
 
 # -- the built-in example ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_built_in_example_has_many_values_below_fp16_and_loss_scaling_fixes_it():
     doc = sweep()
     assert doc["format"] == "float16"
@@ -417,6 +421,7 @@ def test_histogram_needs_loss_scale(tmp_path):
 
 # -- inputs ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", INPUT_KINDS)
 def test_every_input_kind(tmp_path, kind):
     args, arrays, stdin = write_input(kind, tmp_path)
@@ -466,6 +471,7 @@ def test_loss_scale_on_a_checkpoint_key(tmp_path: Path):
     assert_rows_match(doc, direct_counts([b]), "key b")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [[], ["--json"], ["--histogram"], ["--format", "bf16", "--json"]])
 def test_the_old_spelling_still_works_with_a_deprecation_note(args):
     """``fmt scale-search --loss-scale`` is ``fmt loss-scale`` with one note on stderr:

@@ -54,6 +54,7 @@ def test_without_headroom_the_rule_says_so(tmp_path):
     assert "none has it at 2S too" in doc["best_safe"]["rule"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", [np.zeros(64, np.float32), np.full(3, np.nan, np.float32),
                                   np.array([np.inf, 0.0, -np.inf], np.float32)],
                          ids=["zeros", "nan", "inf and zero"])
@@ -119,6 +120,7 @@ FORMATS = ["float16", "bf16", "e5m2", "e4m3fnuz", "e2m1", "e2m3", "e3m1", "e5m0"
            "e11m52", "e8m23"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("data", list(BATTERY.values()), ids=list(BATTERY))
 def test_battery(tmp_path, data, fmt):

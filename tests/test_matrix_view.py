@@ -157,6 +157,7 @@ def test_a_column_vector_is_one_row():
 
 # -- the note: blocks shorter than asked -----------------------------------------------------
 
+@pytest.mark.slow
 def test_short_rows_are_named_once_per_run(tmp_path):
     """A checkpoint whose rows are shorter than the block: one Note line for the run (not
     per tensor, not per chunk), naming how many tensors and one of them."""
@@ -243,6 +244,7 @@ def test_the_engine_paths_agree_on_a_conv_weight(tmp_path):
         assert a["sqnr_db"] == pytest.approx(b["sqnr_db"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_dask_tasks_block_the_same_view(tmp_path, scheduler):
     path = tmp_path / "w.npy"
     np.save(path, conv_weight((128, 32, 64, 1)))
@@ -251,6 +253,7 @@ def test_dask_tasks_block_the_same_view(tmp_path, scheduler):
     assert {k: v for k, v in remote.items() if k != "dask"} == json_of(*args)
 
 
+@pytest.mark.slow
 def test_compare_reads_conv_weights_through_the_view(tmp_path):
     w = conv_weight((64, 8, 5, 1))
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"

@@ -32,6 +32,7 @@ def kinds():
             "tiny": [tiny], "several tensors": [normal, heavy, tiny], "float64": [wide]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(kinds()))
 @pytest.mark.parametrize("build", [dict(per=Granularity.TENSOR), dict(block=32),
                                    dict(block=128, scale_rule=ScaleRule.POW2_CEIL),

@@ -388,6 +388,7 @@ PAST_MAX_IEEE = (14, 15)  # schemes that put values past max without saturating
 
 # -- engine level: the whole quantize result -----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DATASETS)
 def test_quantize_gives_the_numpy_path_s_result_to_the_bit(monkeypatch, probe, name):
     x = dataset(name)
@@ -422,6 +423,7 @@ DECLINED = {"heavy": {8, 14, 15}, "subnormals": {8, 14, 15}, "nonfinite": set(ra
             "all_zero": set(), "negative_zero": set()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["heavy", "nonfinite", "subnormals"])
 @pytest.mark.parametrize("chunk_elements, workers", [(4096, 1), (65536, 1), (4096, 2),
                                                      (8192, 2)])
@@ -442,6 +444,7 @@ def test_chunk_sizes_and_forked_workers_keep_the_result_identical(monkeypatch, p
         assert probe.count("quantize_chunk") > 0 and probe.done(0) > 0
 
 
+@pytest.mark.slow
 def test_several_tensors_groups_and_totals_are_identical(monkeypatch, probe):
     rng = np.random.default_rng(3)
     sources = [source((rng.standard_normal(shape) * 0.05).astype(np.float32), name)
@@ -536,6 +539,7 @@ def half_data(dtype) -> np.ndarray:
     return h
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["f16-npy", "f16-safetensors", "bf16-npy",
                                   "bf16-safetensors"])
 def test_float16_and_bfloat16_files_give_the_same_statistics_both_ways(monkeypatch, probe,
@@ -574,6 +578,7 @@ def pairwise_squares(x: np.ndarray, largest: float) -> float:
     return float(peer.pairwise_sum(np.square(x, dtype=np.float64)))
 
 
+@pytest.mark.slow
 def test_sum_squares_is_numpy_s_pairwise_sum_to_the_bit():
     """The kernel's sum of squares is numpy's pairwise tree to the bit (written out in the
     test), and the numpy path's to the bit where numpy sums by that tree."""
@@ -596,6 +601,7 @@ def test_sum_squares_is_numpy_s_pairwise_sum_to_the_bit():
             != native._compiled.sum_squares(x, x.size, below))
 
 
+@pytest.mark.slow
 def test_the_sum_order_probe_tells_the_orders_apart_and_the_tolerance_is_tight():
     """``peer.order_of`` names numpy's two known orders and fails on a third; where they
     differ, a summed figure may move by its bound and no more, other figures not at all."""
@@ -907,6 +913,7 @@ except (ValueError, TypeError, BufferError, OverflowError):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CRASHES)
 def test_bad_arguments_that_crashed_raise_in_a_child_process(case):
     needs_kernel()

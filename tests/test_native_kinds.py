@@ -262,6 +262,7 @@ def test_fraction_counts_is_the_plain_histogram(seed):
                           blocks.fraction_counts(np.array([[3]]), np.array([[7]])))
 
 
+@pytest.mark.slow
 def test_a_build_without_the_x86_paths_gives_the_same_bits(kernel, tmp_path):
     """The source compiled as on a CPU without x86 extensions (no target clones, no F16C or
     AVX2 code: ``FMTCLI_PORTABLE_ONLY``) builds and agrees with the installed module."""

@@ -13,6 +13,8 @@ import sys
 import pytest
 from cli_helpers import run_fmt
 
+pytestmark = pytest.mark.slow
+
 # -- a closed stdout --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [["range"], ["underflow", "1", "--json"], ["quantize"],

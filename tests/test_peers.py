@@ -73,6 +73,7 @@ NAMES = ["float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e3m
          "e5m2_b30fnuz", "e8m4fn", "e8m23fn", "e9m3", "e11m4", "e11m52"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", ["float64", "float32"])
 @pytest.mark.parametrize("name", NAMES)
 def test_rounding_agrees_with_gfloat_on_described_formats(name, width):

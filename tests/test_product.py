@@ -35,6 +35,7 @@ def test_product_takes_float32_or_exact(command):
     strict_loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_cli_float64_beyond_float32_has_no_warning(tmp_path):
     import subprocess
     import sys

@@ -172,6 +172,7 @@ def test_inf_in_the_data_leaks_no_python_warning(tmp_path):
 
 # -- schemes through the CLI -------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, tile, granularity", [
     (("--per", "tensor"), (BIG, BIG), "tensor"),
     (("--per", "row"), (1, BIG), "row"),
@@ -226,6 +227,7 @@ def test_compare_all_gives_every_recipe_in_one_run(matrix):
         assert_scales_match(stats["scales"], grid, stats["recipe"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, fmt, granularity, block, rule, scale_format", [
     ("tensorwise", "float8_e4m3fn", "tensor", None, "amax", "float32"),
     ("rowwise", "float8_e4m3fn", "row", None, "pow2-floor", "float32"),
@@ -293,6 +295,7 @@ def test_deepseek_weight_and_activation_tiles_in_a_checkpoint(tmp_path):
 
 # -- usage errors ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (("--format", "fp9000"), "fp9000"),
     (("--recipe", "mxfp9"), "mxfp9"),
@@ -412,6 +415,7 @@ def decode_codes(codes, scales, tile, dtype=ml_dtypes.float8_e4m3fn):
         return (values / s).reshape(shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
 @pytest.mark.parametrize("args, tile", [
     (("--block", "64"), (1, 64)),
@@ -495,6 +499,7 @@ def test_out_codes_keep_every_tensor_of_several_npy_inputs(tmp_path):
         assert len(z.files) == 4, z.files  # codes and scales of both tensors
 
 
+@pytest.mark.slow
 def test_out_refuses_to_overwrite_without_force(matrix, tmp_path):
     path, x = matrix
     for suffix in (".npy", ".npz", ".safetensors"):

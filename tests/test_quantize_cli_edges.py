@@ -56,6 +56,7 @@ def test_fixed_scale_through_the_cli():
     assert stats["scales"]["min"] == stats["scales"]["max"] == 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["--scale-rule", "percentile"], "needs --percentile"),
     (["--scale-rule", "fixed"], "needs --fixed-scale"),

@@ -263,6 +263,7 @@ CHUNK_SCHEMES = [build_scheme(per=T), build_scheme(per=Granularity.COLUMN),
                  build_scheme(recipe="mxfp4")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(700, 300), (60000,), (5, 9, 300)], ids=str)
 def test_statistics_do_not_depend_on_chunking_or_workers(shape):
     x = heavy_tailed(np.random.default_rng(17), shape)
@@ -380,6 +381,7 @@ def big_npy(tmp_path_factory):
     path.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA semantics are Linux's")
 def test_STREAMING_a_checkpoint_larger_than_the_memory_cap(big_npy):
     """STREAMING: `fmt quantize` must read a large .npy chunk by chunk.
@@ -414,6 +416,7 @@ def test_STREAMING_a_checkpoint_larger_than_the_memory_cap(big_npy):
     assert elapsed < 60
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA semantics are Linux's")
 def test_STREAMING_per_tensor_and_safetensors_under_the_cap(big_npy, tmp_path):
     """STREAMING: the default comparison (per-tensor needs a first amax pass) on a
@@ -531,6 +534,7 @@ def _assert_memory_does_not_grow_with_the_tensor(path, args):
         f"{' '.join(args)}: {used - baseline} KiB above a bare start for a {size_kb} KiB tensor"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.parametrize("args", [("--per", "row"), ("--per", "tensor"), ("--block", "128")],
                          ids=lambda a: "-".join(a))
@@ -538,6 +542,7 @@ def test_STREAMING_wide_matrix_memory(wide_npy, args):
     _assert_memory_does_not_grow_with_the_tensor(wide_npy, args)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_STREAMING_wide_matrix_memory_per_column(wide_npy):
     _assert_memory_does_not_grow_with_the_tensor(wide_npy, ("--per", "column"))

@@ -38,6 +38,7 @@ def test_range_default_is_the_article_six_in_order_with_all_keys():
         assert isinstance(spec["aliases"], list)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, bits, max_, eps", [
     ("float16", 16, 65504.0, 2.0 ** -10),
     ("bfloat16", 16, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), 0.0078125),
@@ -141,6 +142,7 @@ def test_range_unambiguous_names_print_no_note():
     assert result.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, suggestion", [
     (("range", "fp17"), "fp16"),
     (("range", "e4m3fnz"), "e4m3fnuz"),

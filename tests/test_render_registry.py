@@ -107,6 +107,7 @@ def _loaded_render_modules(*args: str) -> set[str]:
     return {m.removeprefix("fmtcli.render").lstrip(".") for m in line.split(",") if m}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, own", [
     (["range", "fp8"], {"range"}),
     (["underflow", "1e-8,3"], {"underflow"}),

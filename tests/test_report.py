@@ -29,6 +29,7 @@ def at80(*args) -> str:
     return succeeds("quantize", *args, env={"COLUMNS": "80"}).stdout
 
 
+@pytest.mark.slow
 def test_a_checkpoint_gets_the_summary_and_per_tensor_every_row(bert):
     out = at80(bert)
     assert out.startswith("By role: 86 tensors in 16 roles, under block 128")
@@ -55,6 +56,7 @@ def test_the_cli_and_the_renderer_agree_on_the_summary_threshold():
     assert quantize_cli.SUMMARY_ABOVE == quantize_render.SUMMARY_ABOVE
 
 
+@pytest.mark.slow
 def test_the_worst_tensor_leads_and_top_limits(bert):
     out = at80(bert, "--top", "3")
     worst = out[out.index("Worst 3 of 86"):out.index("Total of")]
@@ -101,6 +103,7 @@ def test_sort_and_top_refuse_bad_values(bert):
     assert_usage_error(invoke("quantize", bert, "--top", "-1"), "--top")
 
 
+@pytest.mark.slow
 def test_worst_blocks_table_and_json(bert):
     doc = json_of("quantize", bert, "--worst-blocks", "2", "--compare", "none")
     (first, second) = doc["worst_blocks"]
@@ -120,6 +123,7 @@ def test_blocks_by_role_names_the_role_whose_blocks_flush(bert):
     assert "other roles with blocks: none flushes or saturates" in section
 
 
+@pytest.mark.slow
 def test_csv_is_one_row_per_tensor_and_scheme(bert):
     text = succeeds("quantize", bert, "--csv").stdout
     rows = list(csv.DictReader(io.StringIO(text)))
@@ -181,6 +185,7 @@ def test_split_at_the_layer_index():
     assert split_at_index("conv1.weight") == ("", "conv1.weight")
 
 
+@pytest.mark.slow
 def test_per_tensor_names_are_whole_where_they_fit(bert):
     out = at80(bert, "--per-tensor")
     names = [line.strip().split("  ")[0] for line in out.splitlines()

@@ -173,6 +173,7 @@ def e8m0_engine_values(x32: np.ndarray) -> np.ndarray:
 
 # -- bit-exact agreement with ml_dtypes -----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", sorted(INPUTS))
 @pytest.mark.parametrize("name", ML_FORMATS)
 def test_round_matches_ml_dtypes_bit_exact(name, source):
@@ -194,6 +195,7 @@ def test_round_matches_ml_dtypes_bit_exact(name, source):
         assert_same_bits(ref[known], alternative[known], x32[known], "ml_dtypes")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", sorted(INPUTS))
 @pytest.mark.parametrize("name", ML_FORMATS)
 def test_encode_matches_ml_dtypes_codes(name, source):
@@ -241,6 +243,7 @@ def test_float64_input_matches_numpy_direct_cast(name):
     assert_same_bits(ours, ref, x, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2fnuz",
                                   "float4_e2m1fn", "tfloat32", "e3m1", "e6m5", "e4m3_b11", "e5m0",
                                   "e7m15", "e1m2fn", "e2m1fn", "e5m2fnuz_b20", "e8m3"])
@@ -471,6 +474,7 @@ def oracle_inputs(name: str) -> np.ndarray:
     return x[(x >= v[0]) & (x <= v[-1])]
 
 
+@pytest.mark.slow
 def test_oracle_agrees_with_fraction_arithmetic():
     rng = np.random.default_rng(3)
     for name in ("float8_e4m3fn", "e3m1", E8M0, "float4_e2m1fn", "float8_e4m3fnuz"):
@@ -485,6 +489,7 @@ def test_oracle_agrees_with_fraction_arithmetic():
             assert [Fraction(float(a)) for a in fast] == slow, (name, mode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("mode", DETERMINISTIC, ids=lambda m: m.value)
 @pytest.mark.parametrize("name", ORACLE_FORMATS)
@@ -862,6 +867,7 @@ def is_member(r: np.ndarray, name: str) -> np.ndarray:
 PROPERTY = settings(max_examples=40, deadline=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @PROPERTY
 @given(data=st.data())
@@ -889,6 +895,7 @@ def test_every_value_is_a_fixed_point_of_every_mode(name):
             assert_same_bits(round_to_format(x, spec, mode, policy), x, x, f"{mode} {policy}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @PROPERTY
 @given(data=st.data())
@@ -907,6 +914,7 @@ def test_property_monotone(name, data):
         assert (np.diff(r) >= 0).all(), mode
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @PROPERTY
 @given(data=st.data())
@@ -924,6 +932,7 @@ def test_property_nearest_error_at_most_half_spacing(name, data):
         assert (err == best).all(), mode
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @PROPERTY
 @given(data=st.data())
@@ -947,6 +956,7 @@ def test_property_directed_modes_bracket(name, data):
     assert ((down == up) == exact).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PROPERTY_FORMATS)
 @PROPERTY
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))

@@ -53,6 +53,7 @@ def quantize_three_ways(x, tmp_path, **kwargs):
     return stats_, np.load(npy), grid, from_codes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overflow", ["saturate", "ieee"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fmt", FORMATS_1)

@@ -107,6 +107,7 @@ def blocks_of(values: np.ndarray, name: str) -> np.ndarray:
     return (block * np.float32(2.0 ** -e)).reshape(-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["numpy", "native"])
 @pytest.mark.parametrize("overflow", ["saturate", "ieee"])
 @pytest.mark.parametrize("mode", MODES)
@@ -124,6 +125,7 @@ def test_counts_at_the_edge_per_value(name, mode, overflow, kernel, monkeypatch)
     assert stats.above_max >= stats.saturated + stats.overflowed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["numpy", "native"])
 @pytest.mark.parametrize("overflow", ["saturate", "ieee"])
 @pytest.mark.parametrize("mode", MODES)

@@ -214,6 +214,7 @@ def metric_inputs(tmp_path_factory):
             "sequence": [*seq], "tile": [one, "--tile", "8x16"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("setting", ["per tensor", "block 32", "sequence", "tile"])
 def test_best_is_no_worse_than_any_candidate(metric_inputs, metric, setting):
@@ -454,6 +455,7 @@ def assert_delayed(cand: dict, expected: dict, steps: int, what: str) -> None:
                                                        abs=1e-12), what
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("history", [None, 2, 1])
 def test_delayed_scaling_over_the_first_axis(sequence_3d, history):
     path, x = sequence_3d
@@ -476,6 +478,7 @@ def test_delayed_scaling_over_the_first_axis(sequence_3d, history):
     assert_rel(c["amax"]["mse"], err2 / x.size, 1e-5, "amax over the steps")
 
 
+@pytest.mark.slow
 def test_history_changes_the_delayed_result(sequence_3d):
     path, x = sequence_3d
     long = by_name(search(path, "--over-first-axis"))["delayed max"]
@@ -554,6 +557,7 @@ GRANULARITIES = [  # options, reference tile, expected scheme fields
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, tile, fields", GRANULARITIES,
                          ids=[" ".join(g[0]) for g in GRANULARITIES])
 def test_granularity_options_as_quantize(tmp_path, options, tile, fields):
@@ -591,6 +595,7 @@ def test_granularity_options_as_quantize(tmp_path, options, tile, fields):
     assert "mse search" in c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, tile", [(["--tile", "128x128"], (128, 128)),
                                            (["--block", "128", "--axis", "0"], (128, 1))])
 def test_tiles_spanning_every_row_still_work(tmp_path, options, tile):
@@ -636,6 +641,7 @@ def test_other_formats_give_sane_fractions(tmp_path, fmt):
 
 # -- every input kind ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", INPUT_KINDS)
 def test_every_input_kind(tmp_path, kind):
     args, arrays, stdin = write_input(kind, tmp_path)
@@ -679,6 +685,7 @@ def test_over_first_axis_with_a_key(tmp_path):
 
 # -- table -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_table_marks_the_best_row(tmp_path):
     rng = np.random.default_rng(4)
     x = np.stack([with_amax(rng, (16, 32), a) for a in AMPS_3D])
@@ -702,6 +709,7 @@ def test_table_marks_the_best_row(tmp_path):
 
 # -- errors ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, code, fragment", [
     (["--format", "float9_nope"], 2, "unknown format"),
     (["--metric", "rmse"], 2, "--metric"),

@@ -33,6 +33,7 @@ DEGENERATE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(DEGENERATE))
 def test_a_tensor_with_nothing_to_quantize_ranks_nothing(tmp_path, name):
     path = save(tmp_path / "d.npy", DEGENERATE[name])
@@ -46,6 +47,7 @@ def test_a_tensor_with_nothing_to_quantize_ranks_nothing(tmp_path, name):
     assert "3.4028e+38" not in out and "2^+1.25" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["mse", "sqnr", "median-rel", "p99-rel", "flushed"])
 def test_nothing_to_quantize_under_every_metric(tmp_path, metric):
     doc = search(save(tmp_path / "z.npy", np.zeros(7, np.float32)), "--metric", metric)
@@ -85,6 +87,7 @@ def test_no_best_where_every_candidate_metric_is_undefined(tmp_path):
     assert search(tmp_path / "n.npy", "--metric", "flushed")["best"] == "amax"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1,), (1, 1), ()])
 def test_a_single_element(tmp_path, shape):
     x = np.full(shape, 3.0, np.float32)
@@ -96,6 +99,7 @@ def test_a_single_element(tmp_path, shape):
     assert "mse search" in c and "best factor 1 " in c["mse search"]["note"]
 
 
+@pytest.mark.slow
 def test_per_column_of_a_1d_tensor_says_one_scale_per_element(tmp_path):
     path = save(tmp_path / "v.npy", np.arange(1, 9, dtype=np.float32))
     doc = search(path, "--per", "column")
@@ -108,6 +112,7 @@ def test_per_column_of_a_1d_tensor_says_one_scale_per_element(tmp_path):
 
 # -- delayed scaling: only over steps ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_tensors_of_a_checkpoint_are_not_steps(tmp_path):
     rng = np.random.default_rng(2)
     arrays = {f"layer{i}.weight": rng.standard_normal((8, 8)).astype(np.float32)
@@ -210,6 +215,7 @@ OPTIONS = [[], ["--per", "row"], ["--per", "column"], ["--block", "2"], ["--metr
            ["--format", "e8m0"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", OPTIONS, ids=" ".join)
 @pytest.mark.parametrize("data", list(BATTERY.values()), ids=list(BATTERY))
 def test_battery(tmp_path, data, options):

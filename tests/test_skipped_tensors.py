@@ -34,6 +34,7 @@ def checkpoint_like_a_real_one(path) -> list[str]:
     return list(arrays)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 120])
 @pytest.mark.parametrize("extra", [[], ["--recipe", "mxfp8"]])
 def test_a_real_looking_checkpoint_renders_at_any_width(tmp_path, columns, extra):
@@ -52,6 +53,7 @@ def test_a_real_looking_checkpoint_renders_at_any_width(tmp_path, columns, extra
     assert len(keys) == 109
 
 
+@pytest.mark.slow
 def test_a_skipped_tensor_is_in_the_json_skipped_list(tmp_path):
     checkpoint_like_a_real_one(tmp_path / "model.safetensors")
     result = invoke("quantize", tmp_path / "model.safetensors", "--json", "--compare", "none")

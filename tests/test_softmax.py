@@ -187,6 +187,7 @@ def test_bf16_running_sums_lose_what_float32_keeps():
     assert bf16.sum_rel_error > 1e-3 and fp16.sum_rel_error > 1e-5
 
 
+@pytest.mark.slow
 def test_the_bf16_running_sum_error_grows_with_the_keys():
     """l grows with the keys while each block adds about the same: in BF16 (8 bits) the
     additions round away more and more of what a block adds (float32 keeps it)."""
@@ -276,6 +277,7 @@ def test_the_recurrence_rounds_l_and_acc_together_once_a_block(monkeypatch):
     assert result.sum_rel_error < 0.05
 
 
+@pytest.mark.slow
 def test_thousands_of_blocks_are_drawn_line_by_line():
     """--all-blocks of 65,536 blocks ran past 10 minutes in rich's layout: above
     render.PLAIN_ROWS rows the trace has one-line headers and its title and caption apart,
@@ -379,11 +381,13 @@ USAGE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "fragment"), USAGE, ids=[" ".join(a) for a, _ in USAGE])
 def test_usage_errors(args, fragment):
     assert_usage_error(invoke("softmax", *args), fragment)
 
 
+@pytest.mark.slow
 def test_data_errors(tmp_path):
     np.save(tmp_path / "nan.npy", np.array([1.0, np.nan]))
     np.save(tmp_path / "matrix.npy", np.zeros((3, 2)))
@@ -425,6 +429,7 @@ WIDTH_CASES = [[], ["--random", "4096", "--format", "bf16"],
                 "--block", "4"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("args", WIDTH_CASES, ids=["article", "bf16", "vectors", "all",
                                                    "odd"])
@@ -463,6 +468,7 @@ def test_an_ambiguous_format_says_which_on_stderr():
     assert result.stderr.startswith("Note:") and "e4m3fn" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_real_run_in_ascii_and_a_refusal_without_traceback():
     env = {**os.environ, "COLUMNS": "80", "PYTHONIOENCODING": "ascii"}
     proc = subprocess.run([sys.executable, "-m", "fmtcli", "softmax", "--random", "100"],

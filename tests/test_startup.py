@@ -30,12 +30,14 @@ def loaded(*args: str) -> set[str]:
     return set(filter(None, line.split(",")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--version"], ["--help"], ["quantize", "--help"],
                                   ["loss-scale", "--help"], ["--show-completion", "bash"]])
 def test_version_and_help_load_no_numerical_library(args):
     assert loaded(*args) == set()
 
 
+@pytest.mark.slow
 def test_a_command_loads_only_what_it_uses():
     assert "fmtcli.quantize" not in loaded("range", "fp16", "--json")
     assert "fmtcli.quantize" in loaded("quantize", "--json")
@@ -86,6 +88,7 @@ def test_every_renderer_names_a_real_result_type():
         "KvResult"}
 
 
+@pytest.mark.slow
 def test_drawing_the_range_table_loads_no_engine():
     assert not {"fmtcli.quantize", "fmtcli.numerics.rounding"} & loaded("range")
 
@@ -160,6 +163,7 @@ def test_fmt_command_builds_the_parser_of_that_command_alone(monkeypatch, capsys
     assert app_module.app.registered_commands == every
 
 
+@pytest.mark.slow
 def test_a_float32_file_is_quantized_without_ml_dtypes(tmp_path):
     """ml_dtypes (~5 ms to import) loads only for the narrow types that need it."""
     import numpy as np

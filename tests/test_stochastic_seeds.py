@@ -18,6 +18,7 @@ BIG = "9" * 5000
 
 # -- the option -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["underflow", "0.3", "-r", "stochastic"],
                                      ["quantize", "-r", "stochastic"],
                                      ["check-backends", "e2m1"]])

@@ -45,6 +45,7 @@ def defined_names(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ONE_HOME))
 def test_each_core_piece_is_defined_once(name):
     homes = [where(p) for p in modules() if name in defined_names(p)]

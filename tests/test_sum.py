@@ -138,6 +138,7 @@ def test_sequential_sums_are_the_exact_recurrence(name, mode):
     assert Fraction(accumulator(result, result.accumulators[0].format).sum) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "float32"])
 def test_the_numpy_path_equals_the_exact_recurrence(name):
     """Values the accumulator holds exactly run as numpy's add.accumulate in its dtype."""
@@ -157,6 +158,7 @@ def test_pairwise_kahan_and_blocked_are_their_exact_algorithms(name, mode):
     check_orders(values, name, mode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "e4m3fn", "float32"])
 def test_stochastic_sums_are_the_exact_recurrence_with_one_draw_per_addition(name):
     """Stochastic rounding: the i-th addition goes up (toward +inf) when the generator's
@@ -209,6 +211,7 @@ def hard_pairs(name: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a[keep], b[keep]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "e4m3fn", "e5m2", "e2m1", "float32",
                                   "float64"])
 @pytest.mark.parametrize("mode", ALL_MODES)
@@ -262,6 +265,7 @@ RUN_DATA = {"normal": lambda rng: stored_float32(6000, 8),
             "halves": lambda rng: 2.0 ** -9 * rng.choice([-1.0, 1.0, 3.0], 3000)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "e4m3fn", "float32", "float64"])
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_runs_within_binades_are_the_scalar_recurrence(name, mode):
@@ -279,6 +283,7 @@ def test_runs_within_binades_are_the_scalar_recurrence(name, mode):
             and (got[0] == want[0] or math.isnan(got[0]) and math.isnan(want[0])), label
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["up", "toward-zero", "stochastic"])
 def test_directed_sums_far_above_their_terms_are_exact(mode):
     """``-r up`` runs a BF16 sum of N(0, 1) terms away from them (every positive term a
@@ -291,6 +296,7 @@ def test_directed_sums_far_above_their_terms_are_exact(mode):
 
 # -- sums beyond float64 -------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["sequential", "pairwise", "kahan", "blocked:2"])
 def test_a_sum_beyond_float64_is_exact_and_its_overflow_an_infinite_error(tmp_path, order):
     """1e308 + 1e308 = 2e308 exactly: math.fsum raised OverflowError (exit 70).  The exact
@@ -308,6 +314,7 @@ def test_a_sum_beyond_float64_is_exact_and_its_overflow_an_infinite_error(tmp_pa
         "float64)" in words
 
 
+@pytest.mark.slow
 def test_a_finite_sum_of_an_overflowing_sequence_is_exact(tmp_path):
     """1e308 + 1e308 - 1e308: the exact sum 1e308 is a float64; the running sums overflow."""
     path = tmp_path / "big.npy"
@@ -432,6 +439,7 @@ USAGE = [(["--random", "5", "--constant", "1"], "one input"),
          (["--update", "1e-3", "--count", "10000000"], "--count 10,000,000 updates")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "fragment"), USAGE, ids=[" ".join(a) for a, _ in USAGE])
 def test_usage_errors(args, fragment):
     assert_usage_error(invoke("sum", *args), fragment)
@@ -444,6 +452,7 @@ def test_data_errors(tmp_path):
     assert_data_error(invoke("sum", bad), "finite")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("args", [[], ["--update", "1e-3*1e-2"],
                                   ["--random", "2000", "--order", "blocked:64", "-a",

@@ -16,6 +16,7 @@ from oracle import write_safetensors
 VALUES = "1e-8,3,70000,-0,nan,inf,68.00000357,1e-300,2**-24,448,-65504"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["underflow", VALUES], ["underflow", VALUES, "-s", "1,4096"],
                                   ["underflow", VALUES, "--format", "e2m1,bf16,e11m52"],
                                   ["underflow", "1"]])
@@ -35,6 +36,7 @@ def test_large_tables_are_drawn_exactly_as_rich_draws_them(monkeypatch, args, co
     assert by_us.stdout == by_rich.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", ["200", "80", "40"])
 def test_a_table_of_thousands_of_values_is_not_laid_out_by_rich(table_renders, columns):
     """rich lays a table out at ~0.1 ms a row: 100,000 values in six formats took minutes
@@ -57,6 +59,7 @@ def test_a_table_of_many_values_renders_once(table_renders):
 
 # -- widths -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 120])
 @pytest.mark.parametrize("args", [
     ["range"], ["range", "--all"], ["underflow", "1e-8", "68.00000357", "--scale", "1024"],
@@ -81,6 +84,7 @@ def safetensors(path, tensors: dict) -> str:
 MARKUP_KEYS = {"[/bad]": np.zeros(4), "[bold red]x": np.ones(4), "ok": np.arange(8.0)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["quantize"], ["scale-search"],
                                      ["loss-scale"],
                                      ["quantize", "--per", "column"]])

@@ -88,6 +88,7 @@ def test_object_npy_is_refused_without_unpickling(tmp_path):
 
 # -- .npz --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "compressed"])
 def test_npz_every_array_or_the_chosen_keys(tmp_path, data, save):
     path = tmp_path / "ck.npz"
@@ -278,6 +279,7 @@ def test_numbers_from_stdin(tmp_path):
     assert only_scheme(doc)["scales"]["min"] == np.float32(448 / 4.5)
 
 
+@pytest.mark.slow
 def test_safetensors_loading_does_not_import_torch(tmp_path):
     import subprocess
     import sys
@@ -299,6 +301,7 @@ def test_safetensors_loading_does_not_import_torch(tmp_path):
     assert "bfloat16" in proc.stdout and "float8_e4m3fn" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["", "   \n", "1 2 x\n", "[[1, 2], [3]]", "{\"a\": 1}",
                                   "[\"a\"]", "[]"])
 def test_bad_text_on_stdin(text):
@@ -415,6 +418,7 @@ BAD = ["missing.npy", "truncated.npy", "truncated_header.npy", "tiny.npy", "garb
        "latin1.txt", "strings.npy", "complex.npy", "empty.npy"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BAD)
 def test_bad_input_is_one_error_line(tmp_path, name):
     _bad_files(tmp_path)

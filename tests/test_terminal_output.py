@@ -83,6 +83,7 @@ def seconds(left: str) -> int | None:
     return 3600 * h + 60 * m + s
 
 
+@pytest.mark.slow
 def test_a_long_run_shows_a_sane_bar_from_the_start_on_stderr(big_npy):
     out, shown, wall = run_on_a_terminal("quantize", big_npy, "--per", "tensor", "--compare",
                                          "none", "--json")
@@ -120,6 +121,7 @@ def test_a_large_input_shows_the_bar_at_its_first_report(monkeypatch):
     assert small.bar is None
 
 
+@pytest.mark.slow
 def test_the_bar_fits_the_terminal(big_npy):
     _, shown, _ = run_on_a_terminal("quantize", big_npy, "--per", "tensor", "--compare",
                                     "none", "--json", columns=60)
@@ -127,6 +129,7 @@ def test_the_bar_fits_the_terminal(big_npy):
     assert all(len(text) <= 60 for _, text in shown), [t for _, t in shown if len(t) > 60]
 
 
+@pytest.mark.slow
 def test_no_bar_when_stderr_is_not_a_terminal(big_npy):
     proc = subprocess.run([sys.executable, "-m", "fmtcli", "quantize", str(big_npy), "--per",
                            "tensor", "--compare", "none", "--json"],
@@ -136,6 +139,7 @@ def test_no_bar_when_stderr_is_not_a_terminal(big_npy):
 
 # -- notes -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_note_is_wrapped_at_words_to_the_terminal_s_width():
     _, shown, _ = run_on_a_terminal("range", "e4m3", "--json", columns=40)
     lines = [text for _, text in shown]

@@ -251,6 +251,7 @@ def test_dot_s_codes_and_kv_s_round_trip_are_the_scaled_cast():
 COPIES = {"tile_amax", "_tile_amax", "_tiles", "_expand", "is_narrow", "scaled_cast"}
 
 
+@pytest.mark.slow
 def test_the_tile_amax_scaled_cast_and_is_narrow_are_defined_once():
     """No module but numerics/tiles.py defines its functions again (attention, dot and
     quantize each had their own)."""

@@ -126,6 +126,7 @@ def test_underflow_short_scale_option_and_scaled_values():
 
 # -- value syntaxes ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, expected", [
     ("1e-8", 1e-8),
     ("2**-24", 2.0 ** -24),
@@ -235,6 +236,7 @@ def test_underflow_bare_e4m3_format_notes_on_stderr_only():
 
 # -- --rounding, --seed, --overflow -----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, pos, neg", [
     # e4m3fn spacing at 1 is 2^-3 = 0.125, so 1.0625 is a tie between 1.0 and 1.125
     ("nearest-even", 1.0, -1.0),
@@ -250,6 +252,7 @@ def test_underflow_rounding_modes_on_a_tie(mode, pos, neg):
     assert all(r["status"] == "rounded" for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, expected", [
     # 1.1875 = 1.125 + 0.0625: the tie rounds to the even 1.25 (mantissa 010)
     ("nearest-even", 1.25), ("nearest-away", 1.25), ("toward-zero", 1.125),
@@ -333,6 +336,7 @@ FATE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value, fmt, extra, fate", FATE_CASES)
 def test_underflow_fates(value, fmt, extra, fate):
     row = one_row(value, "--format", fmt, *extra)
@@ -356,6 +360,7 @@ def test_underflow_subnormal_fate_after_scaling_and_flushed_when_not_enough():
 
 # -- errors -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, starts", [
     (("abc",), "Error: cannot read 'abc'"),
     (("1e-8,abc",), "Error: cannot read 'abc'"),
@@ -376,6 +381,7 @@ def test_underflow_errors_one_line(args, starts):
     assert result.stderr.startswith(starts), result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, mention", [
     (("1e-8", "--rounding", "nearest"), "--rounding"),
     (("1e-8", "-r", "bogus"), "--rounding"),

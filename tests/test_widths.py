@@ -48,6 +48,7 @@ def sqnr(s: dict) -> str:
     return f"{s['sqnr_db']:.1f} dB"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", [[], ["--all"]], ids=["default", "all"])
 def test_range(width, args):
@@ -66,6 +67,7 @@ UNDERFLOW = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", UNDERFLOW, ids=["values", "formats", "scales", "one"])
 def test_underflow(width, args):
@@ -77,6 +79,7 @@ def test_underflow(width, args):
     assert_shown(out, *{value_text(r["recovered"]) for r in rows if "recovered" in r})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("which", ["example", "one", "one-all", "small", "small-all"])
 def test_quantize_small_inputs(width, which, files):
@@ -91,6 +94,7 @@ def test_quantize_small_inputs(width, which, files):
         assert_shown(out, *[sqnr(s) for t in doc["tensors"] for s in t["schemes"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_summary_of_a_checkpoint(width, files):
     out = table(width, "quantize", files["bert"], "--top", "16")  # all 16 roles, in order
@@ -106,6 +110,7 @@ def test_quantize_summary_of_a_checkpoint(width, files):
     assert len(default.splitlines()) <= 62  # one screen, for 86 tensors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_per_tensor_and_worst_blocks(width, files):
     out = table(width, "quantize", files["bert"], "--per-tensor", "--worst-blocks", "3")
@@ -120,6 +125,7 @@ def test_quantize_per_tensor_and_worst_blocks(width, files):
 SCALE_SEARCH = [[], ["small"], ["steps", "--over-first-axis"], ["one", "--block", "32"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", SCALE_SEARCH, ids=["example", "checkpoint", "delayed",
                                                      "blocks"])
@@ -131,6 +137,7 @@ def test_scale_search(width, args, files):
     assert_shown(out, *[sqnr(c) for c in doc["candidates"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("args", [[], ["--histogram"], ["--format", "e5m2"]])
 def test_loss_scale(width, args):
@@ -139,6 +146,7 @@ def test_loss_scale(width, args):
     assert_shown(out, *[f"2^{s['log2_scale']}" for s in doc["scales"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 def test_check_backends(width):
     out = table(width, "check-backends")
@@ -155,6 +163,7 @@ def test_scale_search_of_a_checkpoint_is_a_table_at_80_columns(files):
     assert len(out.splitlines()) < 3 * len(doc["candidates"]) + 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_summary_comparing_every_recipe(width, files):
     """Seven schemes with long labels: the total stays a table (each label on a line of its
@@ -167,6 +176,7 @@ def test_quantize_summary_comparing_every_recipe(width, files):
     assert_shown(total, *[s["label"] for s in doc["total"]], *[sqnr(s) for s in doc["total"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [40, 50, 60])
 def test_the_loss_scale_histogram_shortens_its_bars_on_a_narrow_terminal(width):
     """Below 80 columns the bars get shorter rather than cut with an ellipsis."""
