@@ -2,7 +2,7 @@
 
 Everything else is declared in pyproject.toml.  The extension is optional: where it cannot
 be compiled (no C compiler), the install goes on and the engine runs its numpy path, which
-gives the same statistics to the bit (tests/test_native.py), only slower.
+gives the same statistics to the bit (tests/engine/test_native.py), only slower.
 """
 
 import sys

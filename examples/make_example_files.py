@@ -4,7 +4,7 @@
     cd DIR && fmt quantize model.safetensors --recipe mxfp4 --key '*weight'
 
 Every example in README.md and docs/*.md that names a file runs in a directory holding
-these (tests/test_console_examples.py writes them with this script and checks each
+these (tests/docs/test_console_examples.py writes them with this script and checks each
 example's output against the page), all from fixed seeds with numpy and fmtcli's own
 .safetensors writer (no other package):
 

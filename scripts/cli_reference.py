@@ -7,7 +7,7 @@ The page holds ``fmt --help`` and then ``fmt COMMAND --help`` for every command 
 on the Typer app (``fmtcli.cli.app.registered_commands``, in the order ``fmt --help`` lists
 them; nothing is hard-coded here), each run in-process through typer's CliRunner at a
 fixed width of ``WIDTH`` columns, so the page is the same on every machine and terminal.
-``tests/test_docs.py`` regenerates it and compares.
+``tests/docs/test_docs.py`` regenerates it and compares.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ HEADER = f"""\
 # CLI reference
 
 Generated from `--help` at {WIDTH} columns by `{COMMAND}`; do not edit by hand
-(`tests/test_docs.py` fails when this page is stale). The manual explains each command,
+(`tests/docs/test_docs.py` fails when this page is stale). The manual explains each command,
 with examples: see [index.md](index.md).
 """
 

@@ -212,3 +212,16 @@ def test_the_import_reader_resolves_relative_absolute_and_package_imports(tmp_pa
     assert {"fmtcli:engine.chunk", "fmtcli:numerics.schemes"} <= targets
     native = {t for t, _ in imports(PACKAGE / "numerics" / "native.py")}
     assert "fmtcli:numerics._native" in native
+
+
+def test_the_tests_mirror_the_layers():
+    """tests/ holds a folder per layer of the package (numerics, inputs, streaming, engine),
+    one for the commands' analyses, one for the command line and one for the docs; at the
+    top only the shared helpers and the tests of the package's shape."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders == {"numerics", "inputs", "streaming", "engine", "commands", "cli", "docs"}
+    top = {p.name for p in tests.glob("test_*.py")}
+    assert top == {"test_architecture.py", "test_structure.py", "test_markers.py",
+                   "test_moved_paths.py"}
+    assert all(list((tests / f).glob("test_*.py")) for f in folders)

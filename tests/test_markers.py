@@ -28,9 +28,9 @@ def is_slow(node: ast.AST) -> bool:
 
 @functools.cache
 def marked_test_files() -> tuple:
-    """(path, module tree, [(test function, slow?)]) for each tests/test_*.py."""
+    """(path, module tree, [(test function, slow?)]) for each tests/**/test_*.py."""
     files = []
-    for path in sorted(TESTS.glob("test_*.py")):
+    for path in sorted(TESTS.rglob("test_*.py")):
         tree = ast.parse(path.read_text(), str(path))
         module_slow = any(isinstance(node, ast.Assign)
                           and any(isinstance(t, ast.Name) and t.id == "pytestmark"

@@ -4,6 +4,7 @@ each name lives now, and say so once with a DeprecationWarning (fmtcli/_moved.py
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import warnings
 
@@ -60,17 +61,39 @@ def test_an_unknown_name_of_an_old_path_is_an_import_error():
         exec("from fmtcli.quantize.engine import no_such_name", {})
 
 
+def old_paths_in(text: str) -> list[str]:
+    """The moved paths a source text imports (code or code in a string): ``import old``,
+    ``from old import x`` and ``from package import old_module``."""
+    found = []
+    for match in re.finditer(r"^\s*(?:from\s+([\w.]+)\s+import\s+\(?([\w, ]+)|import\s+([\w.]+))",
+                             text, re.M):
+        module, names, plain = match.groups()
+        if plain:
+            found += [plain] if plain in MOVED else []
+            continue
+        found += [module] if module in MOVED else []
+        found += [f"{module}.{n.strip()}" for n in names.split(",")
+                  if f"{module}.{n.strip()}" in MOVED]
+    return found
+
+
+def test_the_old_path_finder_sees_every_form():
+    text = ("import fmtcli.tensors\nfrom fmtcli.quantize.stream import x\n"
+            "    from fmtcli.quantize import native, quantize\nfrom fmtcli.inputs import tensors\n")
+    assert old_paths_in(text) == ["fmtcli.tensors", "fmtcli.quantize.stream",
+                                  "fmtcli.quantize.native"]
+
+
 def test_the_package_itself_uses_no_old_path():
-    """Nothing in fmtcli/ or tests/ (this file aside) imports a moved path."""
-    import re
+    """Nothing in fmtcli/, tests/, scripts/, benchmarks/ or examples/ (this file aside)
+    imports a moved path, in code or in code written into a string."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    pattern = re.compile(r"^\s*(?:from|import)\s+(" + "|".join(
-        re.escape(o) for o in MOVED) + r")\b", re.M)
-    found = [str(p) for d in ("fmtcli", "tests") for p in (root / d).rglob("*.py")
-             if p.name != Path(__file__).name and pattern.search(p.read_text())]
-    assert found == []
+    found = {str(p.relative_to(root)): old_paths_in(p.read_text())
+             for d in ("fmtcli", "tests", "scripts", "benchmarks", "examples")
+             for p in (root / d).rglob("*.py") if p.name != Path(__file__).name}
+    assert {k: v for k, v in found.items() if v} == {}
 
 
 def test_every_module_of_the_flat_layout_still_imports():

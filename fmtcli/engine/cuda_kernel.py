@@ -280,7 +280,7 @@ def clean_scales(spec) -> tuple[float, float]:
     extreme operands to a slow path.  For ``r / scale`` with r on the format's grid, scale,
     every nonzero quotient and r itself within [2**-100, 2**100] keep clear of that range,
     so the kernel runs the same sequence with the reciprocal hoisted out of the block:
-    the same results (tests/test_gpu.py compares them on every value of several formats).
+    the same results (tests/engine/test_gpu.py compares them on every value of several formats).
     """
     low = max(2.0 ** -100, spec.max * 2.0 ** -100)
     high = min(2.0 ** 100, spec.smallest_subnormal * 2.0 ** 100)

@@ -2,7 +2,7 @@
 
 ``setup.py`` builds it as an optional extension: an install without a C compiler goes on
 without it, and the engine then runs its numpy formulation alone.  The two give the same
-statistics (``tests/test_native.py``): to the bit with numpy 2.3 and later, whose sums of a
+statistics (``tests/engine/test_native.py``): to the bit with numpy 2.3 and later, whose sums of a
 contiguous array are the kernel's pairwise tree; numpy 1.26 to 2.2 sums in blocks of 8192
 values added in order, so there sums of more than 8192 values (MSE, SQNR, bias) differ in
 their last digits and all else is identical.  The compiled one does the common case

@@ -4,7 +4,7 @@ rich lays a table out at about 0.1 ms a row; ``fmt underflow`` of 100,000 values
 formats is 600,000 rows (minutes).  For the one shape of table fmtcli prints in bulk
 (box SIMPLE_HEAD, default padding and edges, one-line cells, no caption) these functions
 produce the same lines, styles included, in a few microseconds a row; ``fit.Fit`` uses
-them above ``fmtcli.render.PLAIN_ROWS`` rows (tests/test_table_layout.py compares both at
+them above ``fmtcli.render.PLAIN_ROWS`` rows (tests/cli/test_table_layout.py compares both at
 widths 20-200, colour on and off).
 """
 

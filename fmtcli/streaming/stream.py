@@ -237,7 +237,7 @@ def swap_bytes(buffer: np.ndarray) -> None:
 def widen(buffer: np.ndarray, dtype) -> np.ndarray:
     """``buffer.astype(dtype)``; float16 to float32 by the compiled kernel where it is
     built (numpy's conversion costs ~1.6 ns a value on CPUs it has no F16C path for; the
-    kernel's is exact, inf and NaN payloads included: ``tests/test_native.py``); bfloat16's
+    kernel's is exact, inf and NaN payloads included: ``tests/engine/test_native.py``); bfloat16's
     bit patterns (``storage.BFLOAT16_BITS``, native order) by ``widen_bfloat16_bits``."""
     if bits_of(buffer.dtype) == "bfloat16":
         wide = widen_bfloat16_bits(buffer)

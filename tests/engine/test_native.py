@@ -902,9 +902,9 @@ def test_bad_arguments_raise_and_do_not_crash(case):
 
 CHILD = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 import test_native
-from fmtcli.quantize import native
+from fmtcli.numerics import native
 name, args, *kwargs = test_native.bad_calls()[{case!r}]
 try:
     getattr(native._compiled, name)(*args, **(kwargs[0] if kwargs else {{}}))
@@ -917,7 +917,8 @@ except (ValueError, TypeError, BufferError, OverflowError):
 @pytest.mark.parametrize("case", CRASHES)
 def test_bad_arguments_that_crashed_raise_in_a_child_process(case):
     needs_kernel()
-    child = CHILD.format(tests=str(Path(__file__).parent), case=case)
+    here = Path(__file__).resolve()
+    child = CHILD.format(tests=[str(here.parent), str(here.parents[1])], case=case)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                           timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "raised"), done.stderr[-400:]
@@ -979,7 +980,7 @@ def test_the_extension_is_built_where_it_is_required():
     if os.environ.get("FMTCLI_REQUIRE_NATIVE", "").strip() != "1":
         pytest.skip("FMTCLI_REQUIRE_NATIVE=1 is not set")
     assert native.built(), "fmtcli.numerics._native is not built: pip install -e ."
-    c_source = Path(chunk.__file__).with_name("_native.c")
+    c_source = Path(native.__file__).with_name("_native.c")
     built = Path(native._compiled.__file__)
     assert built.stat().st_mtime >= c_source.stat().st_mtime, (
         f"{built.name} is older than _native.c: rebuild with pip install -e .")

@@ -18,7 +18,7 @@ from fmtcli.cli.options import OPTIONS
 from fmtcli.numerics.schemes import build_scheme
 from fmtcli.streaming import parallel
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fmtcli"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "fmtcli"
 
 
 def test_a_library_error_carries_its_parameter_and_keeps_its_wording():

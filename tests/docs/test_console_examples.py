@@ -19,7 +19,7 @@ command stays copy-pasteable); several are joined by ``;``:
 After a change of output, rewrite the blocks of every page from the program and review the
 diff:
 
-    python tests/test_console_examples.py --update
+    python tests/docs/test_console_examples.py --update
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from fmtcli.cli import app
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 WIDTH = "80"
 BLOCK = re.compile(r"^```console\n(\$ fmt [^\n]*)\n(.*?)^```$", re.S | re.M)
@@ -50,7 +50,7 @@ PART = re.compile(r"json: (?P<path>\S+)|(?P<end>first|last) (?P<lines>\d+) lines
 #: a number as the program prints it (an integer, a decimal, an exponent; not inside a word)
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?![\w])")
 SIGNIFICANT = 6
-UPDATE = "python tests/test_console_examples.py --update"
+UPDATE = "python tests/docs/test_console_examples.py --update"
 
 
 def pages() -> list[Path]:

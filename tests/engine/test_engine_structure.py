@@ -15,7 +15,7 @@ import pytest
 
 from fmtcli.numerics import native
 
-PACKAGE = Path(__file__).resolve().parent.parent / "fmtcli"
+PACKAGE = Path(__file__).resolve().parents[2] / "fmtcli"
 CORE = ("engine", "quantize")
 MAX_FUNCTION_LINES = 60
 SOURCE = PACKAGE / "numerics" / "_native.c"

@@ -1,6 +1,6 @@
 """The fused CUDA path of quantize equals the CPU engine (runs only where CUDA is).
 
-On a GPU machine: ``pip install -e '.[test]' torch && python -m pytest tests/test_gpu.py``.
+On a GPU machine: ``pip install -e '.[test]' torch && python -m pytest tests/engine/test_gpu.py``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from fmtcli.numerics.tiles import (
 )
 
 E4M3 = get_format("float8_e4m3fn")
-PACKAGE = Path(__file__).resolve().parent.parent / "fmtcli"
+PACKAGE = Path(__file__).resolve().parents[2] / "fmtcli"
 RNG = np.random.default_rng(23)
 
 

@@ -90,7 +90,7 @@ def test_range_all_lists_every_registered_format_matching_finfo():
             assert spec["smallest_normal"] == 2.0 ** -126
             assert spec["max"] == (2 - 2.0 ** -10) * 2.0 ** 127
             continue
-        if spec["name"] == "hifloat8":  # tapered, no ml_dtype: tests/test_hifloat8.py
+        if spec["name"] == "hifloat8":  # tapered, no ml_dtype: tests/numerics/test_hifloat8.py
             assert (spec["max"], spec["finite_values"]) == (2.0 ** 15, 253)
             continue
         dtype = np.dtype(getattr(ml_dtypes, spec["name"], None) or spec["name"])

@@ -1,4 +1,4 @@
-"""fmt against peer libraries on what ``tests/test_gfloat_oracle.py`` leaves out: formats
+"""fmt against peer libraries on what ``tests/numerics/test_gfloat_oracle.py`` leaves out: formats
 gfloat does not name (the fnuz family, IEEE-style E4M3/E3M4, tfloat32, custom eXmY up to
 e11m52) described to gfloat by their defining parameters, float32 inputs as well as float64,
 and formats whose max lies beyond float32's (``e8m4fn``: 2**128 * 1.9375), which float32

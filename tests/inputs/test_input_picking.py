@@ -21,7 +21,7 @@ from fmtcli.base.errors import DataError
 from fmtcli.inputs import checkpoints, files, tensors
 from fmtcli.inputs.pick import pick, pick_file, role_name
 
-INPUTS = Path(__file__).resolve().parent.parent / "fmtcli" / "inputs"
+INPUTS = Path(__file__).resolve().parents[2] / "fmtcli" / "inputs"
 
 
 @pytest.fixture

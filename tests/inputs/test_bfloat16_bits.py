@@ -197,7 +197,7 @@ def test_a_bfloat16_file_reads_as_values_and_as_widened_chunks(order, tmp_path):
 
 def test_the_numpy_path_gives_the_kernels_results(tmp_path, monkeypatch):
     """``FMTCLI_KERNEL=numpy``: the chunks are widened from the bits; same statistics as
-    the kernel's (tests/test_native.py's rule: to the bit with numpy >= 2.3)."""
+    the kernel's (tests/engine/test_native.py's rule: to the bit with numpy >= 2.3)."""
     if np.lib.NumpyVersion(np.__version__) < "2.3.0" or not native.built():
         pytest.skip("numpy before 2.3 sums in another order, or no kernel to compare")
     source = load_path(write("npy", sample(), tmp_path))[0]

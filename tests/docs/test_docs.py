@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from fmtcli.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 COMMANDS = [command.name for command in app.registered_commands]
