@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import typer
 
-from fmtcli.base.errors import DataError, one_line
+from fmtcli.base.errors import DataError, Note, one_line
 
 
 def show_tracebacks() -> bool:
@@ -61,11 +61,12 @@ def wrap_words(text: str, width: int, indent: str) -> str:
 def warning_as_note(message, category, filename, lineno, file=None, line=None) -> None:
     """``warnings.showwarning`` of the CLI: a warning (a numpy RuntimeWarning that escaped
     its source, say) becomes one ``Note:`` line instead of two lines naming our source.
-    fmtcli's own notes (``checkpoints.CheckpointNote``: files of a model folder left
-    unread; ``quantize.native.KernelNote``: a large input without the compiled kernel;
-    ``quantize.stream.BlockNote``: blocks shorter than asked) are said as they are; other
-    warnings name their category."""
-    if category.__name__ in ("CheckpointNote", "KernelNote", "BlockNote"):
+    fmtcli's own notes (every ``base.errors.Note``: ``checkpoints.CheckpointNote``, files
+    of a model folder left unread; ``torchfile.TrainingStateNote``, what a ``.ckpt`` holds
+    beside its weights; ``numerics.native.KernelNote``, a large input without the compiled
+    kernel; ``streaming.stream.BlockNote``, blocks shorter than asked) are said as they
+    are; other warnings name their category."""
+    if issubclass(category, Note):
         note(str(message))
     else:
         note(f"{message} ({category.__name__})")

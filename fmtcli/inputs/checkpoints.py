@@ -14,7 +14,7 @@ The rules, folder by folder of the walk (linked directories are not entered):
   ``from_pretrained`` prefers them too).  Every other tensor file of that folder (the
   ``.bin`` twin, ``optimizer.pt``, ``rng_state.pth``, ``training_args.bin``) is left unread
   and named in one ``CheckpointNote`` warning (the command line shows it as a ``Note:``).
-- **Any other folder** gives all its tensor files (``.npy .npz .safetensors .pt .pth``)
+- **Any other folder** gives all its tensor files (``.npy .npz .safetensors .pt .pth .ckpt``)
   in name order.  A ``.bin`` there is not read: only Hugging Face weights or an explicit
   FILE argument make ``.bin`` a torch checkpoint.
 - **Text is not a tensor beside tensors**: when the directory given (its whole tree) holds

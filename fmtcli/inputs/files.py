@@ -20,7 +20,7 @@ from fmtcli.base.errors import DataError, shown
 from fmtcli.inputs import npyfile, textparse
 from fmtcli.inputs.safetensorsfile import load_safetensors
 from fmtcli.inputs.source import TensorSource, from_array
-from fmtcli.inputs.torchfile import load_torch
+from fmtcli.inputs.torchfile import load_ckpt, load_torch
 
 
 def _from_entries(path: str, entries: list[npyfile.Entry]) -> list[TensorSource]:
@@ -69,6 +69,7 @@ TABLE: dict[str, Kind] = {
     ".npy": Kind(_load_npy), ".npz": Kind(_load_npz), ".safetensors": Kind(load_safetensors),
     ".pt": Kind(load_torch), ".pth": Kind(load_torch),
     ".bin": Kind(load_torch, in_folders=False),  # a torch file only as FILE or HF weights
+    ".ckpt": Kind(load_ckpt),  # Lightning / Stable Diffusion: the weights under state_dict
     ".txt": Kind(load_text, text=True), ".csv": Kind(load_text, text=True),
     ".json": Kind(load_text, text=True),
 }

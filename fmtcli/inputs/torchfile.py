@@ -1,4 +1,5 @@
-"""Read torch checkpoints (.pt/.pth/.bin) without running anything in them.
+"""Read torch checkpoints (.pt/.pth/.bin; .ckpt training checkpoints) without running anything
+in them.
 
 ``torch.load(weights_only=True)`` (memory-mapped for torch's zip format): nothing is
 unpickled beyond tensors and plain containers; a file that needs arbitrary objects is
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from fmtcli.base.errors import DataError, UsageError, shown
+from fmtcli.base.errors import DataError, Note, UsageError, shown
 from fmtcli.inputs.source import TensorSource, from_array
 from fmtcli.inputs.storage import stored_dtype
 
@@ -69,7 +70,8 @@ _UNSAFE_HINT = ("if you trust the file, load it yourself and save its tensors wi
                 "(torch.save(model.state_dict(), path))")
 
 
-def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
+def _torch_failure(where: str, head: bytes, error: Exception, hint: str = _UNSAFE_HINT
+                   ) -> DataError:
     """One line saying why torch.load(weights_only=True) refused or failed."""
     text = str(error)
     if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80" and "GLOBAL" not in text:
@@ -82,7 +84,7 @@ def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
         return DataError(f"{where}: refused: loading it needs arbitrary Python objects "
                          f"unpickled{what}, which safe loading (torch.load with "
                          "weights_only=True) does not do; nothing in the file was executed",
-                         _UNSAFE_HINT)
+                         hint)
     if head[:4] == b"PK\x03\x04":
         reason = "a damaged or truncated torch zip archive"
     else:
@@ -91,11 +93,9 @@ def _torch_failure(where: str, head: bytes, error: Exception) -> DataError:
     return DataError(f"{where}: not a readable torch checkpoint ({reason})")
 
 
-def load_torch(path: str) -> list[TensorSource]:
-    """Tensors of a .pt/.pth/.bin file (a state dict, nested dicts/lists, or one bare tensor;
-    ``pytorch_model.bin`` is a state dict in torch's zip format), loaded with
-    ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and plain
-    containers; torch's own warnings are kept off stderr."""
+def _load_state(path: str, hint: str = _UNSAFE_HINT):
+    """The object ``torch.load(weights_only=True)`` gives for ``path`` (memory-mapped for
+    torch's zip format), torch's own warnings kept off stderr; every failure one line."""
     where = shown(path)
     try:
         import torch
@@ -112,13 +112,20 @@ def load_torch(path: str) -> list[TensorSource]:
     try:  # memory-mapped where the file allows it (the zip format of torch >= 1.6)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True,
-                               mmap=head == b"PK\x03\x04")
+            return torch.load(path, map_location="cpu", weights_only=True,
+                              mmap=head == b"PK\x03\x04")
     except Exception as error:  # torch raises many types for corrupt or unsafe files
-        raise _torch_failure(where, head, error) from None
+        raise _torch_failure(where, head, error, hint) from None
+
+
+def _sources(path: str, state) -> list[TensorSource]:
+    """A TensorSource per tensor of ``state`` (one bare tensor, or nested containers'
+    tensors under their dotted keys); other leaves (ints, strings) are not tensors."""
+    import torch
+
     bare = isinstance(state, torch.Tensor)
     sources = []
-    for key, value in [(None, state)] if bare else _flatten_state(state, where):
+    for key, value in [(None, state)] if bare else _flatten_state(state, shown(path)):
         if not isinstance(value, torch.Tensor):
             continue
         arr = _torch_to_numpy(value)
@@ -128,3 +135,49 @@ def load_torch(path: str) -> list[TensorSource]:
             continue
         sources.append(from_array(path, key, arr, arr.shape, arr.dtype))
     return sources
+
+
+def load_torch(path: str) -> list[TensorSource]:
+    """Tensors of a .pt/.pth/.bin file (a state dict, nested dicts/lists, or one bare tensor;
+    ``pytorch_model.bin`` is a state dict in torch's zip format), loaded with
+    ``torch.load(weights_only=True)``: nothing is unpickled beyond tensors and plain
+    containers; torch's own warnings are kept off stderr."""
+    return _sources(path, _load_state(path))
+
+
+class TrainingStateNote(Note):
+    """What a training checkpoint (``.ckpt``) holds beside its weights and was not read
+    (optimizer states, schedulers, counters): a note for the user, not an error."""
+
+
+_CKPT_HINT = ("if you trust the file, save its weights alone: torch.save(torch.load(PATH, "
+              "weights_only=False)['state_dict'], 'weights.pt'), or with safetensors")
+
+
+def load_ckpt(path: str) -> list[TensorSource]:
+    """Weights of a PyTorch Lightning / Stable Diffusion checkpoint (``NAME.ckpt``, a
+    torch.save file: ``{"state_dict": {...}, "epoch", "global_step", "optimizer_states",
+    "lr_schedulers", "hyper_parameters"...}``), loaded with ``torch.load(weights_only=True)``.
+    Only the tensors under ``state_dict`` are read, under their keys in the file
+    (``state_dict.model.w``, as the same file read as ``.pt`` names them); the other
+    top-level entries (Adam's ``exp_avg``/``exp_avg_sq``, counters) are named in one
+    ``TrainingStateNote``.  A file without a ``state_dict`` dict is read as ``.pt`` is."""
+    state = _load_state(path, _CKPT_HINT)
+    if not (isinstance(state, dict) and isinstance(state.get("state_dict"), dict)):
+        return _sources(path, state)
+    import torch
+
+    left = []  # (no tensors, name): the entries that hold tensors said first
+    for key, value in state.items():
+        if key != "state_dict":
+            count = sum(isinstance(leaf, torch.Tensor)
+                        for _, leaf in _flatten_state(value, shown(path)))
+            left.append((count == 0, shown(str(key)) + (
+                f" ({count} tensor{'s' * (count != 1)})" if count else "")))
+    if left:
+        names = [name for _, name in sorted(left, key=lambda entry: entry[0])]
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        warnings.warn(f"{shown(path)}: a training checkpoint: read the weights under "
+                      f"state_dict; not read: {', '.join(names[:10])}{more} (the same file "
+                      "named .pt reads every tensor)", TrainingStateNote, stacklevel=2)
+    return _sources(path, {"state_dict": state["state_dict"]})

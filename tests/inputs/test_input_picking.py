@@ -97,7 +97,8 @@ def test_the_suffix_table_is_the_one_list_of_suffixes():
     """files.TABLE says which suffix which loader reads; the error hint, a folder's walk
     and the text rule are views of it, and no other module of inputs/ spells a suffix."""
     assert files.SUFFIXES == tuple(files.TABLE) == tensors.SUFFIXES
-    assert files.TENSOR_SUFFIXES == (".npy", ".npz", ".safetensors", ".pt", ".pth")
+    assert files.TENSOR_SUFFIXES == (".npy", ".npz", ".safetensors", ".pt", ".pth",
+                                     ".ckpt")
     assert files.TEXT_SUFFIXES == (".txt", ".csv", ".json")
     assert checkpoints.TENSOR_SUFFIXES is files.TENSOR_SUFFIXES
     assert checkpoints.HF_FORMATS == (".safetensors", ".bin")  # safetensors preferred
