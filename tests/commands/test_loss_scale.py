@@ -18,16 +18,13 @@ from cli_helpers import (
     assert_no_traceback,
     assert_usage_error,
     invoke,
-    json_of,
     strict_loads,
 )
 from inputs import INPUT_KINDS, save, write_input
+from search_helpers import EXPONENTS, direct_counts, log_uniform, sweep
 
 from fmtcli.loss_scale import example_gradients
-from fmtcli.numerics.formats import get_format
-from fmtcli.numerics.rounding import round_to_format
 
-EXPONENTS = list(range(33))
 ROW_KEYS = {"scale", "log2_scale", "flushed", "flushed_fraction", "subnormal",
             "subnormal_fraction", "overflow", "overflow_fraction", "saturated",
             "saturated_fraction", "kept", "kept_fraction"}
@@ -38,36 +35,7 @@ F32 = np.float32
 
 # -- helpers ----------------------------------------------------------------------------
 
-def sweep(*args, input: str | None = None) -> dict:
-    """``fmt loss-scale ARGS --json``: must succeed; the strictly parsed document."""
-    return json_of("loss-scale", *args, input=input)
 
-
-def direct_counts(arrays, fmt: str = "float16") -> dict:
-    """{e: (flushed, subnormal, overflow, saturated)} and the nonzero count, by rounding
-    g * 2**e; saturated: a value past max's rounding interval (beyond max + ulp/2, or that
-    tie when max is odd) that the format stores as a finite value (no inf/NaN to give)."""
-    spec = get_format(fmt)
-    g = np.concatenate([np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays])
-    g = g[np.isfinite(g) & (g != 0)]
-    counts = {}
-    for e in EXPONENTS:
-        with np.errstate(over="ignore", invalid="ignore"):
-            q = round_to_format((g * F32(2.0 ** e)).astype(np.float32), spec,
-                                "nearest-even", "ieee")
-            finite = np.isfinite(q)
-            flushed = int(np.count_nonzero(q == 0))
-            subnormal = int(np.count_nonzero(finite & (q != 0)
-                                             & (np.abs(q) < spec.smallest_normal)))
-            overflow = int(np.count_nonzero(~finite))
-            ulp = 2.0 ** (math.frexp(spec.max)[1] - 1 - spec.mantissa_bits)
-            scaled = np.abs(g.astype(np.float64) * 2.0 ** e)
-            tie = spec.max + ulp / 2
-            odd = int(spec.max / ulp) % 2 == 1  # the tie goes to the even neighbour
-            beyond = (scaled > tie) | ((scaled == tie) & odd)
-            saturated = int(np.count_nonzero(beyond & finite))
-        counts[e] = (flushed, subnormal, overflow, saturated)
-    return {"rows": counts, "nonzero": int(g.size)}
 
 
 def assert_rows_match(doc: dict, direct: dict, what: str = "") -> None:
@@ -157,9 +125,7 @@ def settled(trace: list[int], top: int = 32):
     return s, trace.index(s)
 
 
-def log_uniform(rng, n: int, low: float, high: float) -> np.ndarray:
-    mag = np.exp2(rng.uniform(low, high, n))
-    return (np.where(rng.random(n) < 0.5, -1.0, 1.0) * mag).astype(np.float32)
+
 
 
 def edge_values(thresholds: dict) -> np.ndarray:

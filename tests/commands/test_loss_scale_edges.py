@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cli_helpers import assert_no_traceback, assert_usage_error, invoke, strict_loads, succeeds
 from inputs import save
-from test_loss_scale import direct_counts, log_uniform, sweep
+from search_helpers import direct_counts, log_uniform, sweep
 
 
 def table(*args) -> str:

@@ -19,12 +19,12 @@ from cli_helpers import (
     assert_no_traceback,
     assert_usage_error,
     invoke,
-    json_of,
     quantize_json,
     strict_loads,
 )
 from inputs import INPUT_KINDS, save, write_input
 from oracle import beyond_max, cast, heavy_tailed, ref_quantize, ref_stats
+from search_helpers import DELAYED_NAMES, by_name, search
 
 E4M3 = "float8_e4m3fn"
 E4M3_MAX = 448.0
@@ -32,7 +32,6 @@ BIG = 10 ** 9
 RULE_NAMES = ["amax", "amax margin 1", "amax margin 2", "amax margin 3", "pow2-floor",
               "pow2-ceil", "pow2-nearest", "mx-floor", "mx-rceil"]
 PERCENTILE_NAMES = ["percentile 99.9", "percentile 99.99", "percentile 99.999"]
-DELAYED_NAMES = ["delayed max", "delayed most_recent"]
 # candidate -> (reference rule, margin) of the non-percentile rules
 RULE_REF = {"amax": ("amax", 0), "amax margin 1": ("amax", 1), "amax margin 2": ("amax", 2),
             "amax margin 3": ("amax", 3), "pow2-floor": ("pow2-floor", 0),
@@ -49,13 +48,10 @@ METRICS = ["mse", "sqnr", "median-rel", "p99-rel", "flushed"]
 
 # -- helpers ----------------------------------------------------------------------------
 
-def search(*args, input: str | None = None) -> dict:
-    """``fmt scale-search ARGS --json``: must succeed; the strictly parsed document."""
-    return json_of("scale-search", *args, input=input)
 
 
-def by_name(doc: dict) -> dict:
-    return {c["name"]: c for c in doc["candidates"]}
+
+
 
 
 def num(value) -> float:

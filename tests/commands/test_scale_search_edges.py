@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cli_helpers import assert_no_traceback, invoke, quantize_json, strict_loads, succeeds
 from inputs import save
-from test_scale_search import DELAYED_NAMES, by_name, search
+from search_helpers import DELAYED_NAMES, by_name, search
 
 NOTHING = "nothing to quantize"
 

@@ -125,9 +125,9 @@ def test_the_readme_and_the_library_page_have_python_sessions():
 @pytest.mark.parametrize(("page", "number", "source"), sessions(),
                          ids=[f"{p}-{n}" for p, n, _ in sessions()])
 def test_python_session_runs_as_written(page, number, source, tmp_path):
-    from test_console_examples import model_files
+    from report_files import example_files_module
 
-    model_files(tmp_path)
+    example_files_module().write_example_files(tmp_path)
     test = doctest.DocTestParser().get_doctest(source, {}, f"{page}[{number}]", page, 0)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     old = os.getcwd()
