@@ -29,3 +29,18 @@ def heavy(n=4096, seed=5) -> np.ndarray:
         -6, 6, n).astype(np.float32)
     x[::97] = 500  # mx-floor leaves 500 past E4M3's 448 in its block
     return x
+
+
+class Spy:
+    """The compiled module with its ``quantize_chunk`` calls recorded (the ``kind`` each
+    chunk came as); everything else passes through."""
+
+    def __init__(self, module) -> None:
+        self.module, self.kinds = module, []
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def quantize_chunk(self, *args, **kwargs):
+        self.kinds.append(kwargs.get("kind", 0))
+        return self.module.quantize_chunk(*args, **kwargs)

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import peer_behaviour as peer
 import pytest
+from engine_helpers import Spy
 
 from fmtcli.engine import chunk
 from fmtcli.engine.scales import DISTINCT_CAP, ScaleSummary, distinct
@@ -298,21 +299,6 @@ def test_a_build_without_the_x86_paths_gives_the_same_bits(kernel, tmp_path):
     portable.widen_f16(h, a, h.size)
     kernel.widen_f16(h, b, h.size)
     assert np.array_equal(bits(a), bits(b))
-
-
-class Spy:
-    """The compiled module with its ``quantize_chunk`` calls recorded (the ``kind`` each
-    chunk came as); everything else passes through."""
-
-    def __init__(self, module) -> None:
-        self.module, self.kinds = module, []
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)
-
-    def quantize_chunk(self, *args, **kwargs):
-        self.kinds.append(kwargs.get("kind", 0))
-        return self.module.quantize_chunk(*args, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["float32", *KINDS])

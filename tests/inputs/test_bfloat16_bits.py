@@ -18,6 +18,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from engine_helpers import Spy
 
 from fmtcli.base.dtypes import ITEMSIZES, TABLE, bits_of
 from fmtcli.inputs import storage
@@ -94,20 +95,6 @@ def test_kind_of_the_tagged_bits_is_bfloat16_and_the_cache_keeps_them_apart():
     assert native.kind_of(np.dtype(np.int16, metadata=dict(storage.BFLOAT16_BITS.metadata))) is None
     view, kind = native.values(np.zeros(4, storage.BFLOAT16_BITS))
     assert kind == 1 and view.dtype == np.uint16
-
-
-class Spy:
-    """The compiled module with the ``kind`` of each ``quantize_chunk`` call recorded."""
-
-    def __init__(self, module) -> None:
-        self.module, self.kinds = module, []
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)
-
-    def quantize_chunk(self, *args, **kwargs):
-        self.kinds.append(kwargs.get("kind", 0))
-        return self.module.quantize_chunk(*args, **kwargs)
 
 
 def write(kind: str, x: np.ndarray, folder) -> str:
