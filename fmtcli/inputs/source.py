@@ -54,6 +54,9 @@ class TensorSource:
     dtype: str
     opener: Callable[[], np.ndarray] | None = field(default=None, repr=False)
     skipped: str | None = None
+    #: a tensor of an already-quantized checkpoint (``inputs.layouts.base.Quantized``),
+    #: dequantized chunk by chunk by ``streaming.stream.ChunkReader``; None for stored data
+    quantized: object | None = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:

@@ -40,9 +40,14 @@ from fmtcli.inputs.storage import (  # noqa: F401  (re-exported: tensors.numpy_d
 )
 
 
-def load_path(path: str) -> list[TensorSource]:
+def load_path(path: str, as_stored: bool = False) -> list[TensorSource]:
     """Every tensor of one path: a file of a known type, a directory, an index of a
     sharded checkpoint, or ``-`` (stdin).
+
+    The tensors of an already-quantized layout (``inputs.layouts``: DeepSeek FP8,
+    compressed-tensors, ModelOpt NVFP4, gpt-oss MXFP4, fmt's own ``--out``...) come as
+    their dequantized float32 tensors, their scales folded in (a ``LayoutNote`` says so);
+    ``as_stored`` gives every stored tensor as it is.
 
     Only regular files are read (a FIFO would block, ``/dev/zero`` never ends); symlinks are
     followed to their target, but a directory's walk does not enter linked directories.
@@ -51,10 +56,16 @@ def load_path(path: str) -> list[TensorSource]:
         return files.load_text("-")
     kind = files.kind_of(path)
     if kind == files.DIRECTORY:  # a model folder, or the tensor files it holds
-        return checkpoints.load_directory(path)
-    if kind == files.INDEX:  # a sharded checkpoint, by its index
-        return checkpoints.load_index(path)[0]
-    return files.read_file(path)
+        sources, folder = checkpoints.load_directory(path), path
+    elif kind == files.INDEX:  # a sharded checkpoint, by its index
+        sources, folder = checkpoints.load_index(path)[0], os.path.dirname(path)
+    else:
+        sources, folder = files.read_file(path), os.path.dirname(path) or "."
+    if as_stored or not any(s.key is not None for s in sources):
+        return sources
+    from fmtcli.inputs import layouts
+
+    return layouts.dequantized(sources, layouts.read_config(folder))
 
 
 def _names_of(source: TensorSource) -> Iterator[str]:
@@ -86,13 +97,15 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
 
 
 def load_inputs(paths: list[str], keys: list[str] | None = None,
-                purpose: str = "to quantize") -> list[TensorSource]:
+                purpose: str = "to quantize", as_stored: bool = False
+                ) -> list[TensorSource]:
     """All tensors of all paths (in order), filtered by ``keys``; fails if none is usable,
     saying ``nothing {purpose}`` (the calling command's words: "to quantize", "to multiply",
-    "to sum"...).  Standard input (``-``) can be read once."""
+    "to sum"...).  Standard input (``-``) can be read once.  ``as_stored``: as
+    ``load_path``'s."""
     if paths.count("-") > 1:
         raise UsageError("'-' (standard input) is given more than once; it can be read once")
-    sources = [s for path in paths for s in load_path(path)]
+    sources = [s for path in paths for s in load_path(path, as_stored)]
     if not sources:
         raise DataError(f"nothing {purpose} ({', '.join(shown(p) for p in paths[:5])} "
                         "hold no tensors)")

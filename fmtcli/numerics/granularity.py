@@ -23,6 +23,7 @@ token-head).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fmtcli.base.choices import Granularity
@@ -141,3 +142,38 @@ class ScaleGroup:
 def _side(text: str) -> bool:
     """A block or tile side as ``parse`` takes it: digits, 1 to MAX_SIDE."""
     return text.isdigit() and 0 < int(text) <= MAX_SIDE
+
+
+#: In a 3-D tensor, a last axis shorter than this is a conv1d weight's kernel axis
+#: (O x I x K: Whisper's K = 3, wav2vec2's feature extractor 10/3/2, Mamba's 4, Conformer's
+#: depthwise 31); from this length up the tensor is stacked matrices (experts E x O x I,
+#: heads x seq x dim).  32 is the MX recipes' block: a kernel axis could not fill one.
+KERNEL_AXIS = 32
+
+
+def view_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its trailing size-1 axes (at least one axis kept, none for a
+    scalar): an O x I x K x 1 conv weight is blocked as O x I x K, an N x 1 column as N."""
+    shape = tuple(int(n) for n in shape)
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, columns) of the matrix view every command blocks a tensor by.
+
+    Trailing size-1 axes are dropped first (``view_shape``): a scalar is 1 x 1, a vector
+    (or an N x 1 column) one row, a matrix itself.  A tensor of 4 or 5 (or more) axes is a
+    convolution weight O x I x kh x kw (x kd): its first axis by the rest, O x I*kh*kw,
+    the view of per-output-channel scales (a trailing kw = 1 changes nothing).  A 3-D
+    tensor is a conv1d weight O x I x K, read the same way, when its last axis is shorter
+    than ``KERNEL_AXIS``; else stacked matrices (E x O x I: all leading axes by the last).
+    Blocks and rows run along the columns; the view is a reshape of the C-order data."""
+    shape = tuple(int(n) for n in shape)
+    view = view_shape(shape)
+    if len(view) <= 1:
+        return 1, (view[0] if view else 1)
+    if len(shape) >= 4 or (len(view) == 3 and view[-1] < KERNEL_AXIS):
+        return view[0], math.prod(view[1:])
+    return math.prod(view[:-1]), view[-1]

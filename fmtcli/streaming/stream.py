@@ -22,6 +22,11 @@ from fmtcli.base.dtypes import bits_of
 from fmtcli.base.errors import DataError, Note, shown
 from fmtcli.inputs.tensors import TensorSource
 from fmtcli.numerics import native
+from fmtcli.numerics.granularity import (  # noqa: F401  (re-exported: the one matrix view)
+    KERNEL_AXIS,
+    matrix_shape,
+    view_shape,
+)
 
 
 class Tiled(Protocol):
@@ -30,41 +35,6 @@ class Tiled(Protocol):
 
     tile: tuple[int, int]
     is_global: bool
-
-
-#: In a 3-D tensor, a last axis shorter than this is a conv1d weight's kernel axis
-#: (O x I x K: Whisper's K = 3, wav2vec2's feature extractor 10/3/2, Mamba's 4, Conformer's
-#: depthwise 31); from this length up the tensor is stacked matrices (experts E x O x I,
-#: heads x seq x dim).  32 is the MX recipes' block: a kernel axis could not fill one.
-KERNEL_AXIS = 32
-
-
-def view_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """``shape`` without its trailing size-1 axes (at least one axis kept, none for a
-    scalar): an O x I x K x 1 conv weight is blocked as O x I x K, an N x 1 column as N."""
-    shape = tuple(int(n) for n in shape)
-    while len(shape) > 1 and shape[-1] == 1:
-        shape = shape[:-1]
-    return shape
-
-
-def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
-    """(rows, columns) of the matrix view every command blocks a tensor by.
-
-    Trailing size-1 axes are dropped first (``view_shape``): a scalar is 1 x 1, a vector
-    (or an N x 1 column) one row, a matrix itself.  A tensor of 4 or 5 (or more) axes is a
-    convolution weight O x I x kh x kw (x kd): its first axis by the rest, O x I*kh*kw,
-    the view of per-output-channel scales (a trailing kw = 1 changes nothing).  A 3-D
-    tensor is a conv1d weight O x I x K, read the same way, when its last axis is shorter
-    than ``KERNEL_AXIS``; else stacked matrices (E x O x I: all leading axes by the last).
-    Blocks and rows run along the columns; the view is a reshape of the C-order data."""
-    shape = tuple(int(n) for n in shape)
-    view = view_shape(shape)
-    if len(view) <= 1:
-        return 1, (view[0] if view else 1)
-    if len(shape) >= 4 or (len(view) == 3 and view[-1] < KERNEL_AXIS):
-        return view[0], math.prod(view[1:])
-    return math.prod(view[:-1]), view[-1]
 
 
 def tile_of(scheme, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -156,6 +126,9 @@ class ChunkReader:
     bfloat16 as '>V2') has its bytes swapped in the fresh buffer (``native_order``), so no
     consumer (the compiled kernel, torch, the dtype checks) ever sees a swapped dtype.
 
+    A tensor of an already-quantized checkpoint (``TensorSource.quantized``) is dequantized
+    chunk by chunk from its parts (``inputs.layouts``), never whole.
+
     The tensor is read as stored (``TensorSource.stored``): bfloat16 as its bit patterns
     (``storage.BFLOAT16_BITS``), which a chunk as stored keeps and ``widen`` makes float32
     exactly, so reading bfloat16 never imports ml_dtypes (ml_dtypes' own bfloat16 arrays,
@@ -163,6 +136,12 @@ class ChunkReader:
     """
 
     def __init__(self, source: TensorSource) -> None:
+        self.quantized = source.quantized  # an already-quantized tensor: dequantized per chunk
+        self.fd = None
+        if self.quantized is not None:
+            self.native = self.dtype = np.dtype(np.float32)
+            self.path, self.cols = None, matrix_shape(source.shape)[1]
+            return
         self.array = source.stored()
         rows, cols = matrix_shape(source.shape)
         self.cols = cols
@@ -177,7 +156,6 @@ class ChunkReader:
                 and arr.flags.c_contiguous and getattr(arr, "filename", None)
                 and hasattr(os, "preadv")):
             self.path, self.offset, self.source_dtype = arr.filename, arr.offset, arr.dtype
-        self.fd = None
         self.fd_pid = None
 
     def read(self, rows: slice, cols: slice, as_stored: bool = False) -> np.ndarray:
@@ -185,6 +163,8 @@ class ChunkReader:
         float16 chunk comes as stored (in native byte order), for the compiled kernel,
         which widens it as it goes (``native.reads_as_stored``; ``chunk.widened`` makes the
         float32 copy on demand)."""
+        if self.quantized is not None:  # inputs.layouts: decoded from its parts' maps
+            return self.quantized.read(rows, cols)
         shape = (rows.stop - rows.start, cols.stop - cols.start)
         stored = as_stored and native.reads_as_stored(self.native)
         if self.path is None:

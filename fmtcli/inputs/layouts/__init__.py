@@ -1,0 +1,129 @@
+"""Already-quantized checkpoints: the layout readers, behind one registry.
+
+``READERS`` lists the reader modules in the order they claim tensors (the most specific
+first).  Each module defines ``NAME`` (the layout's name, as ``fmt audit`` shows it),
+``DESCRIPTION`` (one line), ``REFERENCE`` (the definition it follows, cited) and
+``claim(checkpoint) -> list[Quantized]``: the groups of tensors it recognises, by their
+names, dtypes and shapes and the folder's ``config.json`` ``quantization_config``.  A
+tensor claimed by one reader (a weight with its scales) is not offered to the next.
+
+``scan`` runs the readers over one input's tensors; ``dequantized`` gives the input as
+every analysis reads it: each quantized tensor as one float32 tensor of its logical name
+(dequantized in chunks), its scale tensors folded into it, the rest as they are.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass
+
+from fmtcli.base.errors import shown
+from fmtcli.inputs.layouts.base import Checkpoint, LayoutNote, Quantized
+from fmtcli.inputs.source import TensorSource
+
+#: The reader modules of this package, in claiming order.
+READERS = (
+    "deepseek_fp8",
+)
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def reader(name: str):
+    """The reader module ``name`` (a ``READERS`` entry), imported on first use."""
+    return importlib.import_module(f"fmtcli.inputs.layouts.{name}")
+
+
+def layout_names() -> list[str]:
+    """Every layout's ``NAME``, in claiming order."""
+    return [reader(name).NAME for name in READERS]
+
+
+def read_config(folder: str | None) -> dict | None:
+    """``folder/config.json``'s ``quantization_config`` (or ``compression_config``, the
+    older compressed-tensors name), or None where the file, the entry or valid JSON is
+    missing (a config is a hint, never a reason to fail)."""
+    if not folder:
+        return None
+    path = os.path.join(folder, "config.json")
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
+            return None
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    found = config.get("quantization_config", config.get("compression_config"))
+    return found if isinstance(found, dict) else None
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One input's tensors seen through the readers: ``quantized`` (claimed groups, in the
+    order of their codes), ``plain`` (every tensor no reader claimed), ``config``."""
+
+    quantized: list[Quantized]
+    plain: list[TensorSource]
+    config: dict | None
+
+    @property
+    def claimed_keys(self) -> set[tuple[str, str]]:
+        return {(p.source, p.key) for q in self.quantized for p in q.parts.values()}
+
+
+def scan(sources: list[TensorSource], config: dict | None = None) -> Scan:
+    """Offer ``sources`` (one input's tensors) to every reader in turn."""
+    by_file: dict[str, dict[str, TensorSource]] = {}
+    for source in sources:
+        if source.key is not None:
+            by_file.setdefault(source.source, {})[source.key] = source
+    tensors = {}
+    for group in by_file.values():  # a key repeated across shards: the first file's
+        for key, source in group.items():
+            tensors.setdefault(key, source)
+    found: list[Quantized] = []
+    claimed: set[int] = set()
+    for name in READERS:
+        free = {k: s for k, s in tensors.items() if id(s) not in claimed}
+        if not free:
+            break
+        for q in reader(name).claim(Checkpoint(free, config)):
+            found.append(q)
+            claimed.update(id(p) for p in q.parts.values())
+    order = {id(s): i for i, s in enumerate(sources)}
+    found.sort(key=lambda q: order.get(id(q.parts.get("codes")), 0))
+    return Scan(found, [s for s in sources if id(s) not in claimed], config)
+
+
+def dequantized(sources: list[TensorSource], config: dict | None = None,
+                note: bool = True) -> list[TensorSource]:
+    """``sources`` with each quantized tensor replaced, at its codes' place, by its
+    dequantized float32 tensor, and its scale tensors dropped; a ``LayoutNote`` says so
+    once (``note``).  Sources no reader claims are returned as they are."""
+    result = scan(sources, config)
+    if not result.quantized:
+        return sources
+    by_codes = {id(q.parts["codes"]): q for q in result.quantized if "codes" in q.parts}
+    kept = {id(s) for s in result.plain}
+    out = []
+    for source in sources:
+        if id(source) in by_codes:
+            out.append(by_codes[id(source)].as_source())
+        elif id(source) in kept:
+            out.append(source)
+    if note:
+        import warnings
+
+        layouts = sorted({q.layout for q in result.quantized})
+        first, many = result.quantized[0], len(result.quantized) != 1
+        warnings.warn(f"{len(result.quantized):,} tensor{'s' if many else ''} of "
+                      f"{shown(os.path.basename(first.source) or first.source)} "
+                      f"{'are' if many else 'is'} already quantized ({', '.join(layouts)}): "
+                      f"read as {'their' if many else 'its'} dequantized float32 values "
+                      "(fmt audit checks the layout)",
+                      LayoutNote, stacklevel=2)
+    return out

@@ -1,0 +1,109 @@
+"""DeepSeek-V3's FP8 weights with one scale per 128 x 128 block.
+
+Definition (DeepSeek-V3, ``README_WEIGHTS.md``, "FP8 Weight Documentation", and
+``inference/kernel.py`` ``weight_dequant``): a linear layer's ``weight`` is stored as
+float8_e4m3fn, O x I, beside ``weight_scale_inv``: float32, ``ceil(O/128) x ceil(I/128)``,
+one per 128 x 128 block of the weight (the edge blocks are the partial ones that remain;
+the quantizer pads them with zeros).  Dequantization multiplies:
+``x = float(code) * weight_scale_inv[i // 128, j // 128]`` -- ``weight_scale_inv`` is a
+*dequantization* scale (amax / 448 at export).  ``config.json`` says
+``quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size":
+[128, 128], "activation_scheme": "dynamic"}``.
+
+The UE8M0 variant (DeepSeek-V3.1 ``"scale_fmt": "ue8m0"``): every scale is a power of two
+(an exponent-only UE8M0 value), stored as float32 or as one E8M0 byte per block
+(``float8_e8m0fnu``, or uint8 with bias 127).  ``facts["scale_fmt"]`` records what the
+config promises; ``fmt audit`` checks it (DeepSeek-V3 issue #961: non-power-of-two scales
+where ``ue8m0`` was promised).
+
+Leading axes (stacked experts, E x O x I with an E x gO x gI grid) are blocked matrix by
+matrix.  A grid whose shape does not fit the weight is not claimed as this layout's
+tensor: it is recorded in ``facts["problems"]`` and ``read`` refuses it in one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fmtcli.inputs.layouts.base import (
+    Checkpoint,
+    Quantized,
+    block_scales,
+    e8m0_values,
+)
+from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
+
+NAME = "deepseek-fp8"
+DESCRIPTION = "float8_e4m3fn weight x weight_scale_inv, one float32 per 128x128 block"
+REFERENCE = "DeepSeek-V3 README_WEIGHTS.md; inference/kernel.py weight_dequant"
+
+SUFFIX = "_scale_inv"
+ELEMENTS = ("float8_e4m3fn",)
+SCALE_DTYPES = ("float32", "bfloat16", "float8_e8m0fnu", "uint8")
+DEFAULT_TILE = (128, 128)
+
+
+def _tile(config: dict | None) -> tuple[int, int]:
+    size = (config or {}).get("weight_block_size")
+    if (isinstance(size, list) and len(size) == 2
+            and all(isinstance(n, int) and 0 < n <= 1 << 20 for n in size)):
+        return int(size[0]), int(size[1])
+    return DEFAULT_TILE
+
+
+def scale_values(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """The float32 dequantization scales of a grid as stored: uint8 as E8M0 bytes (bias
+    127), the rest by their storage type."""
+    if dtype == "uint8":
+        return e8m0_values(stored)
+    from fmtcli.inputs.storage import as_values
+
+    return np.asarray(as_values(stored)).astype(np.float32)
+
+
+def claim(checkpoint: Checkpoint) -> list[Quantized]:
+    config = checkpoint.config or {}
+    tile = _tile(config)
+    found = []
+    for key, codes in checkpoint.tensors.items():
+        scales = checkpoint.get(key + SUFFIX)
+        if (codes.dtype not in ELEMENTS or scales is None or codes.skipped is not None
+                or scales.dtype not in SCALE_DTYPES or len(codes.shape) < 2):
+            continue
+        found.append(_quantized(codes, scales, tile, config))
+    return found
+
+
+def _quantized(codes, scales, tile, config) -> Quantized:
+    shape = tuple(codes.shape)
+    lead, (height, cols) = shape[:-2], shape[-2:]
+    want = lead + (-(-height // tile[0]), -(-cols // tile[1]))
+    problems = []
+    if tuple(scales.shape) != want:
+        problems.append(f"{scales.key} has shape {list(scales.shape)}, not {list(want)} "
+                        f"(one per {tile[0]}x{tile[1]} block of {list(shape)})")
+    facts = {"tile": list(tile), "scale_direction": "dequantization (x = code * scale_inv)",
+             "scale_fmt": config.get("scale_fmt"), "quant_method": config.get("quant_method")}
+    cache: dict = {}
+
+    def load() -> dict:
+        if not cache:
+            from fmtcli.inputs.storage import as_values
+
+            cache["grid"] = scale_values(scales.stored(), scales.dtype)
+            cache["codes"] = np.asarray(as_values(codes.stored())).reshape(
+                matrix_shape(shape))
+        return cache
+
+    def elements_reader(r0: int, r1: int) -> np.ndarray:
+        return load()["codes"][r0:r1].astype(np.float32)
+
+    def rows_reader(r0: int, r1: int) -> np.ndarray:
+        values = elements_reader(r0, r1)
+        values *= block_scales(load()["grid"], np.arange(r0, r1), height, tile, cols)
+        return values
+
+    return Quantized(NAME, codes.key, codes.source, shape, "float8_e4m3fn",
+                     "e8m0" if scales.dtype in ("uint8", "float8_e8m0fnu") else scales.dtype,
+                     ScaleGroup("tile", tile=tile), {"codes": codes, "scales": scales},
+                     rows_reader, facts, elements_reader, lambda: load()["grid"], problems)
