@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fmtcli"
 # The layers, bottom first: a module's first dotted part (its folder) decides its layer
 LAYER_NAMES = ["base", "numerics", "inputs", "streaming", "engine", "analyses", "render", "cli"]
 ANALYSES = ["quantize", "scale_search", "loss_scale", "underflow", "check_backends", "kv",
-            "compare", "attention", "arithmetic"]
+            "compare", "attention", "arithmetic", "audit"]
 FOLDERS = {"base": 0, "_moved": 0, "numerics": 1, "inputs": 2, "streaming": 3, "engine": 4,
            **dict.fromkeys(ANALYSES, 5), "render": 6, "cli": 7, "__main__": 7}
 # the compiled kernel (a C extension: no .py file to read)
