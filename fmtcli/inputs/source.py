@@ -90,11 +90,14 @@ class TensorSource:
 
 def from_array(source: str, key: str | None, arr_or_opener, shape, dtype) -> TensorSource:
     """A source of an array, or of a function that opens it, with its shape and dtype;
-    skipped (no opener) where the dtype or size makes it unusable (``unusable_reason``)."""
+    skipped (``skipped``: the reason; analyses take only ``skipped is None``) where the
+    dtype or size makes it unusable (``unusable_reason``).  A skipped tensor keeps its
+    opener: the layout readers read integer parts (packed FP4 bytes, E8M0 scale bytes,
+    fmt's own uint8 codes) through ``stored()``."""
     opener = arr_or_opener if callable(arr_or_opener) else (lambda a=arr_or_opener: a)
     reason = unusable_reason(dtype, math.prod(shape))
     return TensorSource(source, key, tuple(int(s) for s in shape), dtype_name(dtype),
-                        None if reason else opener, reason)
+                        opener, reason)
 
 
 EXAMPLE_SEED = 2115
