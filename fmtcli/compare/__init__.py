@@ -31,6 +31,12 @@ overlap of the top-5 sets.  Rows with NaN or +inf on either side are counted and
 
 Workers: the chunks of a tensor go to forked workers (``quantize.parallel``); each writes
 its chunks' statistics into shared memory and the parent merges them in chunk order.
+
+A side read as an already-quantized layout (``inputs.layouts``: a tensor's codes and scales
+dequantized to float32) gets a verdict per tensor beside fmt's own quantization of the
+original under the same element format and granularity (``verdict``); its synthetic
+float32 dtype needs no ``any_dtype``.  Pairs that look like codes read without their
+scales (one byte against a wider dtype, SQNR < 0 dB) are named in one ``RawCodesNote``.
 """
 
 from __future__ import annotations
@@ -43,6 +49,15 @@ import numpy as np
 from fmtcli.base.choices import CHUNK_ELEMENTS
 from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.compare.stats import Accumulator, CompareStats, LogitStats
+from fmtcli.compare.verdict import (
+    NO_JUDGEMENT,
+    Judgement,
+    RawCodesNote,
+    judge_pair,
+    merged,
+    raw_codes_note,
+)
+from fmtcli.compare.verdict import raw_codes as looks_raw
 from fmtcli.inputs import storage
 from fmtcli.inputs.checkpoints import repeated_keys, tensor_names
 from fmtcli.inputs.tensors import (
@@ -74,14 +89,22 @@ class TensorComparison:
     ref: TensorInfo
     test: TensorInfo
     stats: CompareStats
+    judgement: Judgement | None = None  # where a side is a quantized layout (``verdict``)
+
+    @property
+    def layout(self) -> str | None:
+        return self.judgement.layout if self.judgement else None
 
     def to_dict(self) -> dict:
         """JSON: ``name``, ``key`` (the tensor's name in its file), ``ref_source`` and
-        ``test_source`` (the files), ``shape``, the dtypes, then the figures."""
+        ``test_source`` (the files), ``shape``, the dtypes, the figures, then ``layout``,
+        ``fmt_scheme``, ``fmt_sqnr_db``, ``verdict``, ``reasons`` (null and [] where no
+        side is a quantized layout: ``verdict.Judgement``)."""
         return {"name": self.name, "key": self.ref.key, "ref_source": self.ref.source,
                 "test_source": self.test.source, "shape": list(self.ref.shape),
                 "ref_dtype": self.ref.dtype, "test_dtype": self.test.dtype,
-                **self.stats.to_dict()}
+                **self.stats.to_dict(),
+                **(self.judgement.to_dict() if self.judgement else NO_JUDGEMENT)}
 
 
 @dataclass(frozen=True)
@@ -91,9 +114,12 @@ class RoleComparison:
     pattern: str
     count: int
     stats: CompareStats
+    fmt_sqnr_db: float | None = None  # fmt's own, merged (``verdict.merged``)
+    flagged: int | None = None  # tensors flagged (None: no side is a quantized layout)
 
     def to_dict(self) -> dict:
-        return {"pattern": self.pattern, "tensors": self.count, **self.stats.to_dict()}
+        return {"pattern": self.pattern, "tensors": self.count, **self.stats.to_dict(),
+                "fmt_sqnr_db": self.fmt_sqnr_db, "flagged": self.flagged}
 
 
 @dataclass(frozen=True)
@@ -109,11 +135,21 @@ class CompareResult:
     only_in_ref: tuple[str, ...]
     only_in_test: tuple[str, ...]
     skipped: tuple[TensorInfo, ...]
+    fmt_sqnr_db: float | None = None  # the total's fmt's own (``verdict.merged``)
+    flagged: int | None = None  # tensors flagged (None: no side is a quantized layout)
+
+    @property
+    def judged(self) -> bool:
+        """Whether a side is a quantized layout (each tensor has a verdict)."""
+        return self.flagged is not None
 
     def to_dict(self) -> dict:
+        """JSON; ``fmt_sqnr_db`` and ``flagged`` (the total's) are null where no side is a
+        quantized layout."""
         return {"ref": self.ref, "test": self.test, "logits": self.logits,
                 "tensors": [t.to_dict() for t in self.tensors],
                 "roles": [r.to_dict() for r in self.roles], "total": self.total.to_dict(),
+                "fmt_sqnr_db": self.fmt_sqnr_db, "flagged": self.flagged,
                 "only_in_ref": list(self.only_in_ref), "only_in_test": list(self.only_in_test),
                 "skipped": skipped_records(self.skipped)}
 
@@ -164,7 +200,8 @@ def match_sources(ref: list[TensorSource], test: list[TensorSource], keys: list[
     for name, r, t in pairs:
         if tuple(r.shape) != tuple(t.shape):
             raise DataError(f"{shown(name)}: shapes differ: REF {_shape(r)}, TEST {_shape(t)}")
-        if r.dtype != t.dtype and not any_dtype and not (r.skipped or t.skipped):
+        if (r.dtype != t.dtype and not any_dtype and not (r.skipped or t.skipped)
+                and r.quantized is None and t.quantized is None):  # dequantized: float32
             raise DataError(f"{shown(name)}: dtypes differ: REF {r.dtype}, TEST {t.dtype} "
                             "(--any-dtype compares them as float64)")
     return pairs, only_ref, only_test
@@ -250,10 +287,11 @@ def compare_sources(ref: list[TensorSource], test: list[TensorSource], ref_name:
     if not usable:
         reasons = dict.fromkeys(f"{shown(s.key or s.name)}: {s.skipped}" for s in skipped)
         raise DataError("no floating-point tensor to compare", "; ".join(list(reasons)[:4]))
+    judged = any(s.quantized is not None for _, r, t in usable for s in (r, t))
     itemsize = {n: storage.itemsize(r.dtype) for n, r, _ in usable}  # no ml_dtypes
     all_bytes = sum(r.size * itemsize[n] for n, r, _ in usable)
-    done = 0
-    tensors, roles, total = [], {}, Accumulator()
+    done, tensors, raw, members = 0, [], {}, []
+    roles: dict[str, list] = {}
     for name, r, t in usable:
         if on_tensor:
             on_tensor(name)
@@ -261,18 +299,42 @@ def compare_sources(ref: list[TensorSource], test: list[TensorSource], ref_name:
                            (lambda n, d=done, b=itemsize[name]: progress(d + n * b, all_bytes))
                            if progress else None)
         done += r.size * itemsize[name]
-        tensors.append(TensorComparison(name, r.info(), t.info(), acc.stats(logits)))
-        role = role_of(name if r.key is None else r.key)
-        if role not in roles:
-            roles[role] = [0, Accumulator()]
-        roles[role][0] += 1
-        roles[role][1].merge(acc)
+        stats = acc.stats(logits)
+        judgement = judge_pair(r, t, stats, acc, chunk_elements=chunk_elements,
+                               workers=workers) if judged else None
+        tensors.append(TensorComparison(name, r.info(), t.info(), stats, judgement))
+        if looks_raw(r, t, stats):
+            raw[name] = tuple(sorted((r.dtype, t.dtype), key=storage.itemsize))
+        members.append((acc, judgement))
+        roles.setdefault(role_of(name if r.key is None else r.key), []).append(members[-1])
+    if raw:
+        import warnings
+
+        warnings.warn(raw_codes_note(list(raw), raw), RawCodesNote, stacklevel=2)
+    return _result(ref_name, test_name, logits, tensors, roles, members, judged,
+                   (only_ref, only_test, skipped))
+
+
+def _merged(members: list, logits: bool, judged: bool) -> tuple:
+    """(stats, fmt's own SQNR, flagged) of (accumulator, judgement) pairs, merged."""
+    total = Accumulator()
+    for acc, _ in members:
         total.merge(acc)
+    own, flagged = merged([j for _, j in members]) if judged else (None, None)
+    return total.stats(logits), own, flagged
+
+
+def _result(ref_name: str, test_name: str, logits: bool, tensors: list, roles: dict,
+            members: list, judged: bool, rest: tuple) -> CompareResult:
+    """The result: roles merged in their members' order, the total in the tensors'."""
+    role_results = tuple(RoleComparison(p, len(m), *_merged(m, logits, judged))
+                         for p, m in roles.items())
+    stats, own, flagged = _merged(members, logits, judged)
+    only_ref, only_test, skipped = rest
     return CompareResult(
         ref=ref_name, test=test_name, logits=logits, tensors=tuple(tensors),
-        roles=tuple(RoleComparison(p, n, a.stats(logits)) for p, (n, a) in roles.items()),
-        total=total.stats(logits), only_in_ref=tuple(only_ref),
-        only_in_test=tuple(only_test), skipped=skipped)
+        roles=role_results, total=stats, only_in_ref=tuple(only_ref),
+        only_in_test=tuple(only_test), skipped=skipped, fmt_sqnr_db=own, flagged=flagged)
 
 
 def compare_files(ref: str, test: str, keys: list[str] | None = None, logits: bool = False,
