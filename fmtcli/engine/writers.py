@@ -8,7 +8,9 @@
   ``x_q = decode(codes) / scales``; float32, or float64 where float32 cannot hold the
   scales of ``--product exact``).  The scales' grid tiles the tensor's matrix view
   (``stream.matrix_shape``); the metadata records per tensor the scheme, the tile, the
-  shape and that view (``matrix``: [rows, columns]).
+  shape and that view (``matrix``: [rows, columns]): a .safetensors header's
+  ``__metadata__``, the same JSON object as the uint8 bytes of a .npz's member
+  ``__metadata__`` (``inputs.layouts.fmt_out`` reads both back).
 
 Every file is written to a temporary name (``.fmtcli-*``) in the target directory and
 renamed into place when complete; a write that fails for any reason (disk full, an
@@ -36,6 +38,8 @@ from fmtcli.numerics.rounding import encode
 from fmtcli.streaming.stream import matrix_shape
 
 OUT_SUFFIXES = (".npy", ".npz", ".safetensors")
+#: The .npz member holding the metadata (.safetensors: its header's ``__metadata__``).
+NPZ_METADATA = "__metadata__"
 
 
 def check_target(path: str, inputs: list[str], force: bool) -> str:
@@ -218,7 +222,9 @@ def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict
         arrays[f"{key}.codes"] = np.ascontiguousarray(codes)
         arrays[f"{key}.scales"] = _scales_array(scales)
         metadata[key] = json.dumps(description)
-    if path.lower().endswith(".npz"):
+    if path.lower().endswith(".npz"):  # .npz has no header: the same JSON as a uint8 member
+        arrays[NPZ_METADATA] = np.frombuffer(json.dumps(metadata).encode("utf-8"), np.uint8)
+
         def write(temporary: str) -> None:
             with open(temporary, "wb") as handle:
                 np.savez(handle, **arrays)

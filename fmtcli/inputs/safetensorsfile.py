@@ -105,6 +105,12 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
     return header, data_start
 
 
+def read_metadata(path: str) -> dict[str, str]:
+    """A .safetensors file's ``__metadata__`` (names -> strings; {} where it has none), from
+    the header as ``read_safetensors_header`` bounds and checks it (``MAX_HEADER`` bytes)."""
+    return dict(read_safetensors_header(path)[0].get("__metadata__", {}))
+
+
 def load_safetensors(path: str) -> list[TensorSource]:
     """Every tensor of a .safetensors file, each memory-mapped (read-only) when opened;
     dtypes fmtcli does not read are skipped with the reason."""

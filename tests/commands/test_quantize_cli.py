@@ -432,7 +432,7 @@ def test_out_codes_and_scales_decode_to_the_dequantized_values(matrix, tmp_path,
     if suffix == ".npz":
         with np.load(out) as z:
             arrays = {k: z[k] for k in z.files}
-        metadata = None
+        metadata = json.loads(arrays.pop("__metadata__").tobytes())  # the header's JSON
     else:
         arrays, metadata = read_safetensors(out)
     name = path.stem  # a keyless input's entries are named after its file
@@ -444,6 +444,7 @@ def test_out_codes_and_scales_decode_to_the_dequantized_values(matrix, tmp_path,
     np.testing.assert_array_equal(scales.reshape(grid.shape), grid)
     np.testing.assert_array_equal(decode_codes(codes, scales.reshape(grid.shape), tile), xq)
     if metadata is not None:
+        assert metadata["fmtcli"] == "x_q = decode(codes) / scales"
         description = json.loads(metadata[name])
         assert description["shape"] == list(x.shape)
         assert description["scheme"]["granularity"] == doc["tensors"][0]["schemes"][-1]["granularity"]
@@ -496,7 +497,9 @@ def test_out_codes_keep_every_tensor_of_several_npy_inputs(tmp_path):
     doc = quantize_json(tmp_path / "a.npy", tmp_path / "b.npy", "--out", out)
     assert len(doc["tensors"]) == 2
     with np.load(out) as z:
-        assert len(z.files) == 4, z.files  # codes and scales of both tensors
+        # codes and scales of both tensors, and the metadata member
+        assert sorted(z.files) == ["__metadata__", "a.codes", "a.scales", "b.codes",
+                                   "b.scales"], z.files
 
 
 @pytest.mark.slow

@@ -25,7 +25,9 @@ from fmtcli.inputs.source import TensorSource
 
 #: The reader modules of this package, in claiming order.
 READERS = (
+    "fmt_out",
     "deepseek_fp8",
+    "kv_scales",
 )
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -116,14 +118,30 @@ def dequantized(sources: list[TensorSource], config: dict | None = None,
         elif id(source) in kept:
             out.append(source)
     if note:
-        import warnings
-
-        layouts = sorted({q.layout for q in result.quantized})
-        first, many = result.quantized[0], len(result.quantized) != 1
-        warnings.warn(f"{len(result.quantized):,} tensor{'s' if many else ''} of "
-                      f"{shown(os.path.basename(first.source) or first.source)} "
-                      f"{'are' if many else 'is'} already quantized ({', '.join(layouts)}): "
-                      f"read as {'their' if many else 'its'} dequantized float32 values "
-                      "(fmt audit checks the layout)",
-                      LayoutNote, stacklevel=2)
+        _say(result.quantized)
     return out
+
+
+def _say(found: list[Quantized]) -> None:
+    """The one LayoutNote of ``dequantized``: the tensors read as dequantized values, and
+    the scale-only groups (KV scales: no codes) left out of the data."""
+    import warnings
+
+    coded = [q for q in found if "codes" in q.parts]
+    bare = [q for q in found if "codes" not in q.parts]
+    first = (coded or bare)[0]
+    where = shown(os.path.basename(first.source) or first.source)
+    said = []
+    if coded:
+        many = len(coded) != 1
+        said.append(f"{len(coded):,} tensor{'s' if many else ''} of {where} "
+                    f"{'are' if many else 'is'} already quantized "
+                    f"({', '.join(sorted({q.layout for q in coded}))}): read as "
+                    f"{'their' if many else 'its'} dequantized float32 values")
+    if bare:
+        many = len(bare) != 1
+        said.append(f"{len(bare):,} scale tensor{'s' if many else ''} without codes "
+                    f"({', '.join(sorted({q.layout for q in bare}))}"
+                    f"{'' if coded else ' in ' + where}) left out of the data")
+    warnings.warn("; ".join(said) + " (fmt audit checks the layout)", LayoutNote,
+                  stacklevel=3)

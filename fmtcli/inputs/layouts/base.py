@@ -93,8 +93,10 @@ class Quantized:
 
     @property
     def stored_bytes(self) -> int:
-        """Bytes of every stored part (codes, scales, global scales, zero points...)."""
-        return sum(part.size * _itemsize(part.dtype) for part in self.parts.values())
+        """Bytes of every stored part (codes, scales, global scales, zero points...); a
+        ``metadata`` part (a file's description, shared by its tensors) is not counted."""
+        return sum(part.size * _itemsize(part.dtype) for role, part in self.parts.items()
+                   if role != "metadata")
 
     @property
     def bits_per_param(self) -> float:
