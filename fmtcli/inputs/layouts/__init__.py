@@ -27,6 +27,8 @@ from fmtcli.inputs.source import TensorSource
 READERS = (
     "fmt_out",
     "deepseek_fp8",
+    "modelopt_nvfp4",
+    "gptoss_mxfp4",
     "kv_scales",
 )
 
