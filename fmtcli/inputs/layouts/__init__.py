@@ -29,6 +29,8 @@ READERS = (
     "deepseek_fp8",
     "modelopt_nvfp4",
     "gptoss_mxfp4",
+    "ct_fp8",
+    "ct_mx",
     "kv_scales",
 )
 
