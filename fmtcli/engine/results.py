@@ -276,6 +276,7 @@ class TensorResult:
     schemes: tuple[SchemeStats, ...]
     buffer: bool = False
     in_total: bool = True
+    layout: str | None = None  # the values' quantized layout (inputs.layouts), None: stored
 
     @property
     def skipped(self) -> str | None:
@@ -285,8 +286,11 @@ class TensorResult:
     def to_dict(self) -> dict:
         """The tensor's keys and ``matrix`` (the [rows, columns] of the matrix view its
         blocks tile: ``stream.matrix_shape``), then ``skipped`` (why it was left out, or
-        null) and ``schemes`` (empty for a skipped tensor): every key always present."""
+        null) and ``schemes`` (empty for a skipped tensor): every key always present.
+        ``layout``: where the values come from, the quantized layout whose codes and scales
+        were dequantized (``deepseek-fp8``...), or null for values as stored."""
         out = self.tensor.to_dict()
+        out["layout"] = self.layout
         out["matrix"] = list(matrix_shape(self.tensor.shape))
         out["buffer"] = self.buffer
         out["in_total"] = self.in_total and not self.skipped

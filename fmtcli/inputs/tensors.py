@@ -96,6 +96,56 @@ def select_keys(sources: list[TensorSource], patterns: list[str]) -> list[Tensor
     return chosen
 
 
+def _load_all(paths: list[str], as_stored: bool) -> list[TensorSource]:
+    """Every path's tensors, the files of one folder given one by one (the shards of a
+    checkpoint) offered to the layout readers together (a weight in one shard, its scales
+    in the next), with the folder's ``config.json``; one ``LayoutNote`` for the run."""
+    if as_stored or len(paths) < 2:
+        return [s for path in paths for s in load_path(path, as_stored)]
+    groups: dict = {}
+    for path in paths:
+        plain = path != "-" and files.kind_of(path) not in (files.DIRECTORY, files.INDEX)
+        folder = (os.path.dirname(path) or ".") if plain else None
+        groups.setdefault(folder if plain else (path,), []).append(path)
+    from fmtcli.inputs import layouts
+
+    sources = []
+    for folder, group in groups.items():
+        stored = [s for path in group for s in load_path(path, as_stored=True)]
+        if not any(s.key is not None for s in stored):
+            sources += stored
+            continue
+        where = folder if isinstance(folder, str) else _folder_of(group[0])
+        sources += layouts.dequantized(stored, layouts.read_config(where), note=False)
+    _layout_note([s for s in sources if s.quantized is not None], paths)
+    return sources
+
+
+def _folder_of(path: str) -> str | None:
+    """The folder whose config.json describes a directory or an index (``load_path``'s)."""
+    if path == "-":
+        return None
+    return path if files.kind_of(path) == files.DIRECTORY else os.path.dirname(path)
+
+
+def _layout_note(quantized: list[TensorSource], paths: list[str]) -> None:
+    """The one note of a run whose inputs hold quantized layouts (as ``layouts.dequantized``
+    says it for one input)."""
+    if not quantized:
+        return
+    import warnings
+
+    from fmtcli.inputs.layouts.base import LayoutNote
+
+    names = sorted({s.quantized.layout for s in quantized})
+    many = len(quantized) != 1
+    inputs = f"{len(paths):,} inputs"
+    warnings.warn(f"{len(quantized):,} tensor{'s' if many else ''} of {inputs} "
+                  f"{'are' if many else 'is'} already quantized ({', '.join(names)}): read "
+                  f"as {'their' if many else 'its'} dequantized float32 values (fmt audit "
+                  "checks the layout)", LayoutNote, stacklevel=3)
+
+
 def load_inputs(paths: list[str], keys: list[str] | None = None,
                 purpose: str = "to quantize", as_stored: bool = False
                 ) -> list[TensorSource]:
@@ -105,7 +155,7 @@ def load_inputs(paths: list[str], keys: list[str] | None = None,
     ``load_path``'s."""
     if paths.count("-") > 1:
         raise UsageError("'-' (standard input) is given more than once; it can be read once")
-    sources = [s for path in paths for s in load_path(path, as_stored)]
+    sources = _load_all(paths, as_stored)
     if not sources:
         raise DataError(f"nothing {purpose} ({', '.join(shown(p) for p in paths[:5])} "
                         "hold no tensors)")

@@ -153,6 +153,11 @@ def mapped(source: TensorSource, address: str = "...") -> MappedTensor:
     compressed .npz member, a Fortran-order .npy) cannot go to them."""
     import os
 
+    if source.quantized is not None:  # its values are computed here, from several parts
+        raise UsageError(Param("dask", address) + f": {shown(source.name)} is an "
+                         f"already-quantized tensor ({source.quantized.layout}), dequantized "
+                         "from its codes and scales on this machine; the workers read "
+                         "tensors as stored", "run on this machine alone")
     reader = ChunkReader(source)
     try:
         if reader.path is None:

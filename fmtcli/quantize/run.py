@@ -59,7 +59,7 @@ class Totals:
                 self.sqnrs[i].append(stats[i].sqnr_db)
             self.groups[self.role_of[index]][i].merge(run)
         return TensorResult(source.info(), stats, is_buffer(self.names[index]),
-                            index in self.counted)
+                            index in self.counted, layout_of(source))
 
     def total(self) -> tuple | None:
         """Each scheme's statistics over the counted tensors, with the mean of their SQNR
@@ -129,7 +129,7 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     for source in sources:
         if source.skipped is not None:
             tensors.append(TensorResult(source.info(), (), is_buffer(engine.name_of(source)),
-                                        False))
+                                        False, layout_of(source)))
             continue
         runs, kept = _one_tensor(run, source, schemes, output, on_tensor,
                                  _share(progress, base, sizes[index], sum(sizes)), options)
@@ -141,6 +141,11 @@ def quantize(sources: list[TensorSource], schemes: list[Scheme], *, seed: int = 
     return QuantizeResult(tuple(tensors), totals.total(), tuple(schemes), written,
                           totals.group_results(), totals.worst(),
                           buffers_in_total=totals.buffers_in_total)
+
+
+def layout_of(source: TensorSource) -> str | None:
+    """The layout a tensor's values were dequantized from (``inputs.layouts``), or None."""
+    return getattr(source.quantized, "layout", None)
 
 
 def _one_tensor(run: Callable, source: TensorSource, schemes: list[Scheme], output: Output,
