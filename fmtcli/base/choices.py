@@ -124,6 +124,15 @@ class Metric(str, Enum):
     FLUSHED = "flushed"
 
 
+class OutLayout(str, Enum):
+    """The checkpoint layouts ``fmt quantize --out DIR --layout`` writes
+    (``quantize.layout_out``)."""
+
+    COMPRESSED_TENSORS = "compressed-tensors"
+    DEEPSEEK_FP8 = "deepseek-fp8"
+    MODELOPT_NVFP4 = "modelopt-nvfp4"
+
+
 #: The recipes of ``schemes.RECIPES``, in order (tests check that the two agree).
 RECIPE_NAMES = ("tensorwise", "rowwise", "deepseek", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
 #: Values per chunk of the streaming engine: ~1 MiB of float32, fits the L2 cache.

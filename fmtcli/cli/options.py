@@ -48,7 +48,7 @@ OPTIONS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis
            "block_k": "--block-k", "outliers": "--outliers",
            "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
            "accumulator": "--accumulator", "scale_granularity": "--scale-granularity",
-           "dask": "--dask", "count": "--count", "constant": "--constant",
+           "dask": "--dask", "layout": "--layout", "count": "--count", "constant": "--constant",
            "random": "--random", "order": "--order", "dist": "--dist"}
 #: a quoted value that the shell takes as it is, unquoted on the command line
 PLAIN_VALUE = re.compile(r"[-+\w./]+")

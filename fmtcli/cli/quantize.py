@@ -14,6 +14,7 @@ from fmtcli.base.choices import (
     Backend,
     Device,
     Granularity,
+    OutLayout,
     OverflowPolicy,
     Product,
     RoundingMode,
@@ -94,6 +95,11 @@ def quantize_command(
     out: Annotated[Optional[str], typer.Option(
         "--out", metavar="PATH", help="Write the scheme's result: .npy (dequantized values) "
         "or .npz/.safetensors (codes and scales).")] = None,
+    layout: Annotated[Optional[OutLayout], typer.Option(
+        "--layout", case_sensitive=False, metavar="L", help="With --out DIR: write the "
+        "scheme's result as a checkpoint folder (model.safetensors + config.json) in a "
+        "layout its loaders read: " + ", ".join(x.value for x in OutLayout)
+        + " (docs/quantize.md).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
     seed: SeedOption = 0,
     backend: BackendOption = Backend.AUTO,
@@ -173,12 +179,22 @@ def quantize_command(
     if out is not None:
         if compare is Compare.ALL:
             raise UsageError("--out writes one scheme; it cannot go with --compare all")
-        check_target(out, files or [], force)
+        if layout is None:
+            check_target(out, files or [], force)
+    if layout is not None:
+        check_layout_options(layout, out, dask, files, force, main_scheme)
     if not files and keys:
         raise UsageError("--key needs a FILE")
     sources = load_inputs(files, keys) if files else [example_tensor()]
-    if out is not None:
+    if out is not None and layout is None:
         check_not_an_input(out, sources)
+    plan = None
+    if layout is not None:
+        from fmtcli.engine.run import with_product
+        from fmtcli.quantize.layout_out import plan_layout
+
+        plan = plan_layout(out, layout, with_product([main_scheme], product)[0], sources,
+                           files)
     note_skipped(sources)
     if main_scheme.granularity is Granularity.COLUMN:
         for s in sources:
@@ -196,10 +212,14 @@ def quantize_command(
         else:
             result = quantize(sources, schemes, seed=seed, chunk_elements=chunk,
                               workers=workers, progress=progress, on_tensor=progress.tensor,
-                              out=out, backend=backend, device=device, product=product,
+                              out=None if plan else out, backend=backend, device=device,
+                              product=product,
                               worst_blocks=worst_blocks, include_buffers=include_buffers)
     finally:
         progress.close()
+    if plan is not None:
+        result = write_layout(plan, result, seed=seed, chunk_elements=chunk,
+                              workers=workers, backend=backend, device=device)
     if csv_out:
         emit_csv(result)
     else:
@@ -221,3 +241,33 @@ def note_dask(where: dict) -> None:
     """Where a --dask run goes, as a note on stderr (before the work starts)."""
     note(f"running on Dask: scheduler {where['scheduler']}, {where['workers']} workers, "
          f"{where['threads']} threads ({where['dask']})")
+
+
+def check_layout_options(layout, out, dask, files, force, scheme) -> None:
+    """--layout's companions, checked before any work: a --out DIR, no --dask, FILE given,
+    a scheme the layout holds, a directory that may be written."""
+    from fmtcli.quantize.layout_out import check_directory
+    from fmtcli.quantize.layout_tensors import check_scheme
+
+    if out is None:
+        raise UsageError("--layout writes a checkpoint folder: give it --out DIR")
+    if dask is not None:
+        raise UsageError("--layout writes on this machine; it cannot go with --dask")
+    if not files:
+        raise UsageError("--layout needs FILE: a checkpoint whose linear weights it writes")
+    check_scheme(layout, scheme)
+    check_directory(out, files, force)
+
+
+def write_layout(plan, result, **options):
+    """``layout_out.write_layout`` with a progress bar; the result saying what it wrote."""
+    from dataclasses import replace
+
+    from fmtcli.quantize.layout_out import write_layout as write
+
+    progress = StderrProgress("writing")
+    try:
+        written = write(plan, on_tensor=progress.tensor, **options)
+    finally:
+        progress.close()
+    return replace(result, output=written)

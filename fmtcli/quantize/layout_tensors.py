@@ -1,0 +1,238 @@
+"""The tensors and configs of ``fmt quantize --out DIR --layout L``: fmt's codes and scales
+said in an ecosystem's layout.
+
+fmt's engine stores ``x_q = cast(x * s) / s`` (``s`` a *quantization* scale); every layout
+here stores a *dequantization* scale ``d`` and its readers compute ``x = code * d``.  The
+codes written are the engine's own (its cast of ``x * s``), the scales ``d = fl32(1 / s)``
+(float32); where ``s`` is a power of two that is exact, otherwise ``code * d`` is within one
+float32 ulp of the engine's ``code / s`` (the two roundings differ).
+
+Layouts, each from its own definition:
+
+- ``deepseek-fp8`` (DeepSeek-V3 ``README_WEIGHTS.md``, ``inference/kernel.py``
+  ``weight_dequant``): ``<m>.weight`` float8_e4m3fn, ``<m>.weight_scale_inv`` float32, one
+  per R x C tile (``ceil(O/R) x ceil(I/C)``); ``config.json`` ``quantization_config`` =
+  ``{"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [R, C],
+  "activation_scheme": "dynamic"}`` (+ ``"scale_fmt": "ue8m0"`` where every scale is a
+  power of two: DeepSeek-V3.1).
+- ``compressed-tensors`` FP8 (compressed-tensors 0.20.1,
+  ``compressors/naive_quantized/base.py``; ``quantization/quant_args.py`` strategies;
+  ``ModelCompressor.update_config`` writes the config): ``<m>.weight`` float8_e4m3fn and
+  ``<m>.weight_scale`` float32 of shape [1] (strategy ``tensor``), [O, 1] (``channel``),
+  [O, I/N] (``group``, group_size N) or [ceil(O/R), ceil(I/C)] (``block``,
+  block_structure [R, C]); ``x = code * weight_scale``.  A weight-only FP8 scheme is what
+  the library itself calls ``naive-quantized`` (``float-quantized`` needs an activation
+  scheme: ``FloatQuantizationCompressor.can_compress``), so that is the format written.
+- ``compressed-tensors`` NVFP4 (``compressors/nvfp4/base.py``, ``helpers.py``):
+  ``<m>.weight_packed`` uint8 [O, I/2], two E2M1 codes a byte, the lower-indexed element in
+  the low nibble; ``<m>.weight_scale`` float8_e4m3fn [O, I/16]; ``<m>.weight_global_scale``
+  float32 [1] = 448 * 6 / amax (``quantization/utils/helpers.py`` ``generate_gparam``:
+  fmt's tensor scale ``g`` itself); ``x = code * (weight_scale / weight_global_scale)``.
+- ``modelopt-nvfp4`` (NVIDIA TensorRT Model Optimizer's unified Hugging Face export, as
+  vLLM's ``ModelOptNvFp4Config`` reads it): ``<m>.weight`` uint8 packed as above,
+  ``<m>.weight_scale`` float8_e4m3fn [O, I/16], ``<m>.weight_scale_2`` float32 [] =
+  amax / (6 * 448), here ``fl32(1 / g)``; ``x = code * weight_scale * weight_scale_2``;
+  ``hf_quant_config.json`` ``{"producer": ..., "quantization": {"quant_algo": "NVFP4",
+  "group_size": 16, "exclude_modules": [...], "kv_cache_quant_algo": null}}`` and the same
+  fields flat in ``config.json``'s ``quantization_config`` with ``"quant_method":
+  "modelopt"``.
+
+NVFP4's block scale ``d`` is recovered from the engine's per-block scale ``S = g / d``
+(float32) and ``g`` (the engine's first pass): ``d = e4m3(g / S)``, checked by
+``fl32(g / d) == S``.  A block whose ``d`` underflowed (``S`` infinite) or whose values are
+all 0 (``S`` 1) stores ``d = 0`` (compressed-tensors) or 1.0 (ModelOpt's own rule for an
+all-zero block); its codes are 0 either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fmtcli.base.choices import Granularity, OutLayout, ScaleRule
+from fmtcli.base.errors import DataError, Param, UsageError, shown
+from fmtcli.numerics.schemes import ScaleFormat, Scheme
+
+CT_VERSION = "0.20.1"  # the compressed-tensors release whose config format is written
+NVFP4_GROUP = 16
+POWER_OF_TWO_RULES = (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST,
+                      ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN,
+                      ScaleRule.MX_RCEIL)
+
+
+def is_nvfp4(scheme: Scheme) -> bool:
+    return (scheme.format.name == "float4_e2m1fn" and scheme.scale_format is
+            ScaleFormat.E4M3_FP32 and scheme.granularity is Granularity.BLOCK
+            and scheme.block == NVFP4_GROUP and scheme.axis == -1)
+
+
+def weight_tile(scheme: Scheme) -> tuple[int, int] | None:
+    """The tile a 2-D weight gets under ``scheme`` (``--tile`` or the deepseek recipe's)."""
+    if scheme.granularity is not Granularity.TILE:
+        return None
+    return scheme.weight_tile or scheme.tile
+
+
+def check_scheme(layout: OutLayout, scheme: Scheme) -> str:
+    """Refuse a scheme the layout cannot hold; the layout's scheme name (the config's
+    ``format`` / ``quant_algo``)."""
+    layout = OutLayout(layout)
+    fp8 = scheme.format.name == "float8_e4m3fn" and scheme.scale_format is ScaleFormat.FLOAT32
+    if layout is OutLayout.MODELOPT_NVFP4:
+        if not is_nvfp4(scheme):
+            raise _mismatch(layout, scheme, Param("recipe", "nvfp4"))
+        return "NVFP4"
+    if layout is OutLayout.DEEPSEEK_FP8:
+        if not (fp8 and weight_tile(scheme)):
+            raise _mismatch(layout, scheme, Param("tile", "128x128"))
+        return "fp8"
+    if is_nvfp4(scheme):
+        return "nvfp4-pack-quantized"
+    g = scheme.granularity
+    if not fp8 or g is Granularity.COLUMN or (g is Granularity.BLOCK and scheme.axis != -1):
+        raise _mismatch(layout, scheme, Param("per", "row") + ", " + Param("tile", "128x128")
+                        + ", " + Param("per", "tensor") + " or " + Param("recipe", "nvfp4"))
+    return "naive-quantized"
+
+
+def _mismatch(layout: OutLayout, scheme: Scheme, hint) -> UsageError:
+    return UsageError(Param("layout", layout.value) + f" cannot hold {scheme.format.name} "
+                      f"{scheme.label} ({scheme.scale_format.value} scales)", "use " + hint)
+
+
+def check_tensor(layout: OutLayout, scheme: Scheme, name: str, shape) -> None:
+    """Refuse a weight the layout cannot hold under ``scheme`` (groups must divide its rows:
+    compressed-tensors' ``_process_group`` and NVFP4's packing)."""
+    cols = shape[-1]
+    group = NVFP4_GROUP if is_nvfp4(scheme) else (
+        scheme.block if scheme.granularity is Granularity.BLOCK else 1)
+    if cols % group:
+        raise UsageError(f"{shown(name)} has {cols} columns, not a multiple of {group}, "
+                         "which " + Param("layout", OutLayout(layout).value)
+                         + " needs for groups of " + f"{group}")
+
+
+def dequantization_scales(grid: np.ndarray) -> np.ndarray:
+    """fmt's quantization scales ``s`` (x_q = code / s) as the float32 dequantization
+    scales ``d = fl32(1 / s)`` the layouts store (x = code * d)."""
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        return (1.0 / np.asarray(grid, dtype=np.float64)).astype(np.float32)
+
+
+def nvfp4_block_scales(grid: np.ndarray, g: float, name: str) -> np.ndarray:
+    """The E4M3 block scales ``d`` (as float32 values) behind the engine's per-block
+    scales ``S = fl32(g / d)`` (module docstring)."""
+    import ml_dtypes
+
+    s = np.asarray(grid, dtype=np.float32)
+    g32 = np.float32(g)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        d = (np.float64(g32) / s.astype(np.float64)).astype(ml_dtypes.float8_e4m3fn)
+        d = d.astype(np.float32)
+        again = (g32 / d).astype(np.float32)
+    found = np.isfinite(s) & (again == s) & np.isfinite(d)
+    d = np.where(found, d, np.float32(0))
+    lost = ~found & np.isfinite(s) & (s != 1)
+    if lost.any():  # not a scale the engine's NVFP4 rule gives: a bug, said in one line
+        raise DataError(f"{shown(name)}: NVFP4 block scale {float(s[lost][0])!r} is not "
+                        f"{float(g32)!r} / an E4M3 value")
+    return d
+
+
+def e4m3_bytes(values: np.ndarray) -> np.ndarray:
+    """Values on float8_e4m3fn's grid as their code bytes."""
+    import ml_dtypes
+
+    return np.ascontiguousarray(values, dtype=np.float32).astype(
+        ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
+def pack_fp4(codes: np.ndarray) -> np.ndarray:
+    """E2M1 codes (one a byte, low 4 bits) two a byte: element 2j in the low nibble,
+    element 2j + 1 in the high one (compressed-tensors' and ModelOpt's order)."""
+    nibbles = np.asarray(codes, dtype=np.uint8) & 0x0F
+    return np.ascontiguousarray(nibbles[..., 0::2] | (nibbles[..., 1::2] << 4))
+
+
+def module_of(key: str) -> str:
+    """``model.layers.0.mlp.up_proj.weight`` -> ``model.layers.0.mlp.up_proj.``."""
+    return key[: -len("weight")]
+
+
+def layout_tensors(layout: OutLayout, scheme: Scheme, key: str, codes: np.ndarray,
+                   grid: np.ndarray, g: float | None) -> list[tuple[str, str, np.ndarray]]:
+    """One weight's stored tensors: (name, safetensors dtype code, array) each.  ``codes``:
+    the engine's element codes (uint8, the matrix's shape); ``grid``: its scales ``s`` per
+    tile; ``g``: NVFP4's tensor scale."""
+    layout, m = OutLayout(layout), module_of(key)
+    if is_nvfp4(scheme):
+        d = nvfp4_block_scales(grid, g, key)
+        packed = pack_fp4(codes)
+        block = e4m3_bytes(d)
+        if layout is OutLayout.MODELOPT_NVFP4:
+            # ModelOpt stores 1.0 for an all-zero block (its codes are 0 either way)
+            block = e4m3_bytes(np.where(d == 0, np.float32(1), d))
+            second = np.array(1.0 / np.float64(np.float32(g)), dtype=np.float32)
+            return [(key, "U8", packed), (m + "weight_scale", "F8_E4M3", block),
+                    (m + "weight_scale_2", "F32", second.reshape(()))]
+        return [(m + "weight_packed", "U8", packed), (m + "weight_scale", "F8_E4M3", block),
+                (m + "weight_global_scale", "F32", np.array([g], dtype=np.float32))]
+    d = dequantization_scales(grid)
+    if layout is OutLayout.DEEPSEEK_FP8:
+        return [(key, "F8_E4M3", codes), (key + "_scale_inv", "F32", d)]
+    if scheme.granularity is Granularity.TENSOR:
+        d = d.reshape(1)
+    return [(key, "F8_E4M3", codes), (m + "weight_scale", "F32", d)]
+
+
+def _ct_weights(scheme: Scheme) -> dict:
+    """compressed-tensors' ``QuantizationArgs`` of the weights, as ``model_dump`` writes it."""
+    if is_nvfp4(scheme):
+        return {"dynamic": False, "group_size": NVFP4_GROUP, "num_bits": 4,
+                "scale_dtype": "torch.float8_e4m3fn", "strategy": "tensor_group",
+                "symmetric": True, "type": "float"}
+    args = {"dynamic": False, "group_size": None, "num_bits": 8, "symmetric": True,
+            "type": "float"}
+    g = scheme.granularity
+    if g is Granularity.TENSOR:
+        args["strategy"] = "tensor"
+    elif g is Granularity.ROW:
+        args["strategy"] = "channel"
+    elif g is Granularity.BLOCK:
+        args.update(strategy="group", group_size=scheme.block)
+    else:
+        args.update(strategy="block", block_structure=list(weight_tile(scheme)))
+    return dict(sorted(args.items()))
+
+
+def quantization_config(layout: OutLayout, scheme: Scheme, ignored: list[str]) -> dict:
+    """``config.json``'s ``quantization_config`` for the layout; ``ignored``: the module
+    names of the 2-D weights left unquantized (lm_head, embeddings)."""
+    layout = OutLayout(layout)
+    name = check_scheme(layout, scheme)
+    if layout is OutLayout.DEEPSEEK_FP8:
+        config = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                  "weight_block_size": list(weight_tile(scheme))}
+        if scheme.scale_rule in POWER_OF_TWO_RULES:
+            config["scale_fmt"] = "ue8m0"
+        return config
+    if layout is OutLayout.MODELOPT_NVFP4:
+        return {"quant_method": "modelopt", **modelopt_quantization(ignored)}
+    group = {"format": name, "input_activations": None, "output_activations": None,
+             "targets": ["Linear"], "weights": _ct_weights(scheme)}
+    return {"config_groups": {"group_0": group}, "format": name,
+            "global_compression_ratio": None, "ignore": ignored, "kv_cache_scheme": None,
+            "moe_sparsity_config": None, "quant_method": "compressed-tensors",
+            "quantization_status": "compressed", "sparsity_config": {},
+            "transform_config": {}, "version": CT_VERSION}
+
+
+def modelopt_quantization(ignored: list[str]) -> dict:
+    """ModelOpt's ``hf_quant_config.json`` ``quantization`` entry for NVFP4 weights."""
+    return {"exclude_modules": ignored, "group_size": NVFP4_GROUP,
+            "kv_cache_quant_algo": None, "quant_algo": "NVFP4"}
+
+
+def producer() -> dict:
+    from fmtcli import __version__
+
+    return {"name": "fmtcli", "version": __version__}
