@@ -3,7 +3,7 @@
 One module per command draws its tables (``range``, ``underflow``, ``quantize`` with
 ``quantize_summary`` and ``quantize_cells``, ``scale_search``, ``loss_scale``,
 ``check_backends``, ``softmax``, ``attention``, ``arithmetic`` for calc and sum, ``dot``,
-``compare``, ``kv``); they share ``fit`` (the width rules: a table fits the console or
+``compare``, ``kv``, ``audit``); they share ``fit`` (the width rules: a table fits the console or
 changes shape), ``numbers`` (how values are written), ``widgets`` (names, fates, shapes,
 sparklines) and ``plaintable`` (thousands of rows drawn line by line, as rich draws them).
 Renderers format and lay out; they compute nothing new.  ``jsonsafe`` and ``csvout`` are
@@ -41,6 +41,7 @@ RENDERERS = {
     ("fmtcli.arithmetic.dot", "DotResult"): ("dot", "render_dot"),
     ("fmtcli.compare", "CompareResult"): ("compare", "render_compare"),
     ("fmtcli.kv", "KvResult"): ("kv", "render_kv"),
+    ("fmtcli.audit", "AuditResult"): ("audit", "render_audit"),
 }
 
 
