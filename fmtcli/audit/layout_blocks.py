@@ -1,0 +1,147 @@
+"""Per-block figures of a quantized tensor for ``fmt audit``'s layout checks: each scale
+block's largest |element| (the *top code*), how many of its elements sit at the element
+format's largest magnitude, and its decoded scale; and a sample of dequantized rows.
+
+Blocks follow the tensor's own ``Quantized.group``: ``block N`` runs along the rows of the
+matrix view (MX: 32, NVFP4: 16), ``tile R x C`` covers R rows x C columns of each stacked
+matrix (DeepSeek-V3: 128 x 128), as ``layouts.base.block_scales`` blocks them.  A tensor
+larger than ``budget`` elements is sampled: whole blocks (whole rows, or whole tile rows)
+spread evenly over the tensor, so the figures are shares over a sample of blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The largest magnitude of each element format the checks know (OCP MX v1.0; IEEE-like
+#: float8 from their definitions).
+ELEMENT_MAX = {"float4_e2m1fn": 6.0, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+BUDGET = 1 << 21  # elements read per check at most (whole blocks)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One entry per (sampled) block: ``top`` (largest |element|), ``at_max`` (elements
+    at +-the format's max), ``size`` (elements) and ``scale`` (decoded, the layout's own
+    direction); ``sampled``: whether only part of the tensor was read."""
+
+    top: np.ndarray
+    at_max: np.ndarray
+    size: np.ndarray
+    scale: np.ndarray
+    sampled: bool
+
+
+def _height(q) -> int:
+    rows = q.matrix[0]
+    return int(q.shape[-2]) if len(q.shape) >= 3 and q.shape[-2] else rows
+
+
+def _spread(count: int, wanted: int) -> np.ndarray:
+    """``wanted`` indices of ``range(count)``, evenly spread (all when count <= wanted)."""
+    if count <= wanted:
+        return np.arange(count)
+    return np.unique(np.linspace(0, count - 1, max(1, wanted)).round().astype(np.int64))
+
+
+def block_figures(q, budget: int = BUDGET) -> Blocks | None:
+    """The per-block figures of ``q`` (None where its group is neither a block along the
+    rows nor a tile, or a reader is missing)."""
+    if q.elements_reader is None or q.scales_reader is None or q.element not in ELEMENT_MAX:
+        return None
+    kind = q.group.kind.value
+    if kind == "block" and q.group.axis == -1:
+        return _row_blocks(q, int(q.group.block), budget)
+    if kind == "tile":
+        return _tile_blocks(q, q.group.tile, budget)
+    return None
+
+
+def _row_blocks(q, length: int, budget: int) -> Blocks:
+    rows, cols = q.matrix
+    n_blocks = -(-cols // length)
+    grid = np.asarray(q.scales_reader(), dtype=np.float64).reshape(rows, -1)[:, :n_blocks]
+    per_chunk = max(1, min(rows, (1 << 16) // max(1, cols)))
+    starts = np.arange(0, rows, per_chunk)
+    picked = _spread(len(starts), max(1, budget // (per_chunk * max(1, cols))))
+    emax = ELEMENT_MAX[q.element]
+    parts = []
+    for r0 in starts[picked]:
+        r1 = min(rows, int(r0) + per_chunk)
+        codes = np.abs(np.asarray(q.elements_reader(int(r0), r1), dtype=np.float64))
+        padded = np.zeros((r1 - r0, n_blocks * length))
+        padded[:, :cols] = codes
+        blocks = padded.reshape(r1 - r0, n_blocks, length)
+        sizes = np.full(n_blocks, length)
+        sizes[-1] = cols - (n_blocks - 1) * length
+        parts.append((blocks.max(axis=2).ravel(), (blocks >= emax).sum(axis=2).ravel(),
+                      np.tile(sizes, r1 - r0), grid[r0:r1].ravel()))
+    return _joined(parts, len(picked) < len(starts))
+
+
+def _tile_blocks(q, tile: tuple[int, int], budget: int) -> Blocks:
+    rows, cols = q.matrix
+    height = _height(q)
+    per_matrix = -(-height // tile[0])
+    n_cols = -(-cols // tile[1])
+    grid = np.asarray(q.scales_reader(), dtype=np.float64).reshape(-1, n_cols)
+    strips = (rows // height) * per_matrix
+    picked = _spread(strips, max(1, budget // (tile[0] * max(1, cols))))
+    emax = ELEMENT_MAX[q.element]
+    parts = []
+    for strip in picked:
+        matrix, k = divmod(int(strip), per_matrix)
+        r0 = matrix * height + k * tile[0]
+        r1 = min(r0 + tile[0], (matrix + 1) * height)
+        codes = np.abs(np.asarray(q.elements_reader(r0, r1), dtype=np.float64))
+        padded = np.zeros((r1 - r0, n_cols * tile[1]))
+        padded[:, :cols] = codes
+        blocks = padded.reshape(r1 - r0, n_cols, tile[1])
+        widths = np.full(n_cols, tile[1])
+        widths[-1] = cols - (n_cols - 1) * tile[1]
+        parts.append((blocks.max(axis=(0, 2)), (blocks >= emax).sum(axis=(0, 2)),
+                      widths * (r1 - r0), grid[strip]))
+    return _joined(parts, len(picked) < strips)
+
+
+def _joined(parts, sampled: bool) -> Blocks:
+    if not parts:
+        empty = np.zeros(0)
+        return Blocks(empty, empty, empty, empty, sampled)
+    top, at_max, size, scale = (np.concatenate(column) for column in zip(*parts))
+    return Blocks(top, at_max, size, scale, sampled)
+
+
+def sample_rows(q, budget: int = BUDGET) -> np.ndarray:
+    """Dequantized rows of ``q``'s matrix view (float64, whole rows), at most about
+    ``budget`` elements, spread evenly over the tensor."""
+    rows, cols = q.matrix
+    per_chunk = max(1, min(rows, (1 << 16) // max(1, cols)))
+    starts = np.arange(0, rows, per_chunk)
+    picked = _spread(len(starts), max(1, budget // (per_chunk * max(1, cols))))
+    chunks = [np.asarray(q.rows_reader(int(r0), min(rows, int(r0) + per_chunk)),
+                         dtype=np.float64) for r0 in starts[picked]]
+    return np.concatenate(chunks) if chunks else np.zeros((0, cols))
+
+
+def power_of_two_share(scales: np.ndarray) -> float:
+    """The share of positive finite ``scales`` that are not exact powers of two."""
+    values = np.asarray(scales, dtype=np.float64).ravel()
+    values = values[np.isfinite(values) & (values > 0)]
+    if not values.size:
+        return 0.0
+    mantissa, _ = np.frexp(values)
+    return float(np.count_nonzero(mantissa != 0.5)) / values.size
+
+
+def share(count: int | float, total: int | float) -> float:
+    return float(count) / total if total else 0.0
+
+
+def log2_octave(lo: float, hi: float) -> float:
+    """The share of one octave that ``[lo, hi)`` spans (log-uniform values)."""
+    return math.log2(hi / lo)

@@ -1,0 +1,191 @@
+"""``fmt audit``'s layout checks that read a tensor's values: the nibble order of packed FP4
+and the exporter's power-of-two scale rule (docs/audit_layout_checks.md gives every
+threshold and why).
+
+**Nibble order** (``nibble-order``).  compressed-tensors (``compressors/nvfp4/helpers.py``
+``pack_fp4_to_uint8``: ``packed = low | high << 4``, the even element in the low nibble),
+ModelOpt (``NVFP4QTensor``: ``(q[..., 1::2] << 4) | q[..., 0::2]``) and gpt-oss
+(``weights.py``: ``lut[blk & 0x0F]`` first) all put the first element in the low nibble.
+Reading the other order swaps every pair of neighbouring elements along the rows, inside
+one scale block: a consistent column permutation.  Anything that ignores positions (the
+values' histogram, per-column magnitudes, outlier columns, the block scales) is the same
+under both readings, so the check measures the one thing a swap changes, the step between
+neighbours across a pair boundary: ``R = mean((x[2k+1] - x[2k+2])^2) / (2 var)`` for the
+stored reading and the same for the swapped one (there the step is ``x[2k] - x[2k+3]``).
+With neighbour structure (a smooth row) the right reading has the smaller R; white noise
+gives R = 1 in both.  ``fail`` when the swapped reading's R is below half the stored one's
+and below 0.8; ``ok`` (high confidence) when the stored reading is the smooth one;
+otherwise the rows have no neighbour structure to judge by (trained linear weights
+usually have none along the input axis): ``ok`` with ``confidence: low`` -- the order then
+rests on the layout's definition (``facts["nibble_order"]``) and on fmt audit's comparison
+with the original.
+
+**Scale rule** (``mx-scale-rule``): power-of-two (E8M0 / UE8M0) block scales against the
+exporter's own rule, from the stored codes alone.  With a block scale ``2^e`` the rule
+puts the block's amax in a known range of ``amax / 2^e``, so the block's top code is at
+least a rule-given minimum:
+
+- compressed-tensors 0.20.1 (``quantization/utils/mxfp_utils.py`` ``generate_mx_scales``,
+  ``round_to_power_2``): ``e = floor(log2 amax') - offset``, ``amax'`` rounded up a binade
+  when amax's significand is >= 1.75, offset ``floor(log2 elem_max)`` (FP4: 2, FP8 E4M3: 8;
+  FP8 uses FP4's 1-bit threshold): ``amax / 2^e`` in ``[3.5, 7)`` (FP4), ``[224, 448)``
+  (FP8): top code >= 4, >= 224;
+- OCP MX v1.0 (section 6.3): ``e = floor(log2 amax) - emax_elem``: ``[4, 8)``,
+  ``[256, 512)``: top code >= 4, >= 256 (and the top binade clips);
+- round-up rules, ``e = ceil(log2(amax / elem_max))``: triton_kernels'
+  ``downcast_to_mxfp`` (``DequantScaleRoundingMode.ROUND_UP``, what gpt-oss' kernels
+  quantize with) and DeepGEMM's ``ceil_to_ue8m0`` (DeepSeek-V3.1 ``scale_fmt: ue8m0``):
+  ``(3, 6]``, ``(224, 448]``: top code >= 3, >= 224;
+- gpt-oss publishes no rule with its checkpoint: the union of the three (top code >= 3,
+  the largest share at the max).
+
+The share of blocks whose top code is below the rule's minimum is the share of scales at
+least twice what the rule gives (``fail`` above 1%, ``warn`` above 0).  The opposite error
+-- scales smaller than the codes were quantized with (codes clipped at the top code), or a
+scale rounded up to a power of two *after* the codes were quantized with the unrounded one
+(transformers PR #46763: every block's top code is the format's max, the dequantized
+values up to 2x too large) -- fills the top code in nearly every block: ``fail`` when the
+share of blocks whose top code is the format's max exceeds halfway between the rule's
+expectation for log-uniform amaxes and 1.  A strict OCP floor check on a healthy
+compressed-tensors file would call the ~14-19% of blocks whose amax significand is >= 1.75
+wrong; reading the codes against the exporter's own rule does not.  Scales promised as
+powers of two that are not (DeepSeek-V3 #961) fail too.  Half-size scales whose codes were
+quantized with the full-size ones leave every block consistent: only the comparison with
+the original shows them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fmtcli.audit.check import Check, Verdict
+from fmtcli.audit.layout_blocks import (
+    ELEMENT_MAX,
+    block_figures,
+    log2_octave,
+    power_of_two_share,
+    sample_rows,
+    share,
+)
+
+NIBBLE_RATIO = 0.5   # swapped R below this fraction of the stored R: swapped
+STRUCTURE = 0.8      # R below this: the rows have neighbour structure
+BELOW_FAIL = 0.01    # share of blocks under the rule's minimum top code that fails
+
+#: rule -> element -> (minimum top code, share of blocks at the max for log-uniform amax)
+RULES = {
+    "compressed-tensors": {"float4_e2m1fn": (4.0, log2_octave(5, 7)),
+                           "float8_e4m3fn": (224.0, log2_octave(432, 448))},
+    "ocp": {"float4_e2m1fn": (4.0, log2_octave(5, 8)),
+            "float8_e4m3fn": (256.0, log2_octave(432, 512))},
+    "round-up": {"float4_e2m1fn": (3.0, log2_octave(5, 6)),
+                 "float8_e4m3fn": (224.0, log2_octave(432, 448))},
+}
+#: gpt-oss publishes no rule: the union of the three (the least minimum, the most at max)
+RULES["unpublished"] = {
+    element: (min(RULES[r][element][0] for r in ("compressed-tensors", "ocp", "round-up")),
+              max(RULES[r][element][1] for r in ("compressed-tensors", "ocp", "round-up")))
+    for element in ("float4_e2m1fn", "float8_e4m3fn")}
+RULE_SOURCES = {
+    "compressed-tensors": "compressed-tensors generate_mx_scales",
+    "ocp": "OCP MX v1.0 floor(log2 amax) - emax",
+    "round-up": "ceil(log2(amax / max)) (triton_kernels downcast_to_mxfp, DeepGEMM "
+                "ceil_to_ue8m0)",
+    "unpublished": "none published (gpt-oss): any of compressed-tensors, OCP, round-up",
+}
+
+
+def _cross_pair_roughness(rows: np.ndarray) -> tuple[float, float]:
+    """R of the stored and of the swapped reading (see the module docstring)."""
+    rows = rows[:, : rows.shape[1] // 4 * 4]
+    centred = rows - rows.mean(axis=1, keepdims=True)
+    var = float(np.mean(centred ** 2))
+    if rows.shape[1] < 4 or var == 0.0:
+        return 1.0, 1.0
+    stored = np.mean((rows[:, 1:-2:2] - rows[:, 2:-1:2]) ** 2) / (2 * var)
+    swapped = np.mean((rows[:, 0:-3:2] - rows[:, 3::2]) ** 2) / (2 * var)
+    return float(stored), float(swapped)
+
+
+def nibble_order(q, scan) -> Check | None:
+    """Packed FP4: is the swapped nibble order markedly smoother than the stored one?"""
+    order = q.facts.get("nibble_order")
+    if q.element != "float4_e2m1fn" or order not in ("low-first", "high-first") or q.problems:
+        return None
+    stored, swapped = _cross_pair_roughness(sample_rows(q))
+    figures = {"nibble_order": order, "roughness_stored": stored,
+               "roughness_swapped": swapped, "ratio_threshold": NIBBLE_RATIO,
+               "structure_threshold": STRUCTURE}
+    other = "high-first" if order == "low-first" else "low-first"
+    if swapped < NIBBLE_RATIO * stored and swapped < STRUCTURE:
+        return Check("nibble-order", Verdict.FAIL,
+                     f"the {other} reading is smoother: neighbour roughness {swapped:.3g} "
+                     f"vs {stored:.3g} stored ({order}); the nibbles look swapped",
+                     {**figures, "confidence": "high"})
+    if stored < NIBBLE_RATIO * swapped and stored < STRUCTURE:
+        return Check("nibble-order", Verdict.OK,
+                     f"{order} confirmed: neighbour roughness {stored:.3g} vs {swapped:.3g} "
+                     "swapped", {**figures, "confidence": "high"})
+    return Check("nibble-order", Verdict.OK,
+                 f"inconclusive: no neighbour structure (roughness {stored:.3g} stored, "
+                 f"{swapped:.3g} swapped); {order} as the layout defines it",
+                 {**figures, "confidence": "low"})
+
+
+def rule_of(q) -> str | None:
+    """Which exporter rule ``q``'s power-of-two scales follow (None: not power-of-two)."""
+    ue8m0 = q.facts.get("scale_fmt") == "ue8m0"
+    if q.scale_dtype != "e8m0" and not ue8m0:
+        return None
+    if q.layout.startswith("compressed-tensors"):
+        return "compressed-tensors"
+    if q.layout.startswith("gptoss"):
+        return "unpublished"
+    if ue8m0 or q.layout.startswith("deepseek"):
+        return "round-up"
+    return "ocp"
+
+
+def mx_scale_rule(q, scan) -> Check | None:
+    """Power-of-two block scales against the exporter's own rule (module docstring)."""
+    rule = rule_of(q)
+    if rule is None or q.problems or q.element not in RULES[rule]:
+        return None
+    blocks = block_figures(q)
+    if blocks is None:
+        return None
+    minimum, expected = RULES[rule][q.element]
+    emax = ELEMENT_MAX[q.element]
+    live = blocks.top > 0
+    n = int(np.count_nonzero(live))
+    below = share(np.count_nonzero(live & (blocks.top < minimum)), n)
+    at_max = share(np.count_nonzero(live & (blocks.top >= emax)), n)
+    at_max_limit = expected + (1.0 - expected) / 2
+    not_pow2 = power_of_two_share(blocks.scale)
+    figures = {"rule": rule, "rule_source": RULE_SOURCES[rule], "blocks": n,
+               "sampled": blocks.sampled, "minimum_top_code": minimum,
+               "share_below_rule": below, "share_at_max": at_max,
+               "expected_at_max": expected, "at_max_threshold": at_max_limit,
+               "share_not_power_of_two": not_pow2, "below_threshold": BELOW_FAIL}
+    verdict, evidence = _rule_verdict(figures, emax)
+    return Check("mx-scale-rule", verdict, evidence, figures)
+
+
+def _rule_verdict(f: dict, emax: float) -> tuple[Verdict, str]:
+    if f["share_not_power_of_two"] > 0:
+        return Verdict.FAIL, (f"{f['share_not_power_of_two']:.1%} of the scales are not "
+                              "powers of two where the layout promises E8M0/UE8M0")
+    if f["share_at_max"] > f["at_max_threshold"]:
+        return Verdict.FAIL, (f"{f['share_at_max']:.1%} of blocks reach the top code "
+                              f"{emax:g} (rule {f['rule']} expects ~{f['expected_at_max']:.0%}): "
+                              "scales smaller than the codes were quantized with, or "
+                              "rounded after quantizing (transformers #46763)")
+    below = f["share_below_rule"]
+    text = (f"{below:.2%} of {f['blocks']:,} blocks have a top code under "
+            f"{f['minimum_top_code']:g}, the {f['rule']} rule's least")
+    if below > f["below_threshold"]:
+        return Verdict.FAIL, text + ": scales 2x or more larger than the rule gives"
+    if below > 0:
+        return Verdict.WARN, text
+    return Verdict.OK, (f"every block follows the {f['rule']} rule (top code >= "
+                        f"{f['minimum_top_code']:g}; {f['share_at_max']:.0%} at {emax:g})")
