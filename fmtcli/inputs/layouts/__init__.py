@@ -31,6 +31,8 @@ READERS = (
     "gptoss_mxfp4",
     "ct_fp8",
     "ct_mx",
+    "ct_nvfp4",
+    "ct_pack",
     "kv_scales",
 )
 
