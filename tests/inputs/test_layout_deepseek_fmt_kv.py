@@ -382,3 +382,12 @@ def test_tensors_named_like_kv_scales_but_not_scales_stay_data(tmp_path):
                                   "b.v_scale": np.ones(4, np.int32),
                                   "kscale": np.ones(1, np.float32)})
     assert layouts.scan(load_path(str(path), as_stored=True)).quantized == []
+
+
+def test_a_transformers_format_pt_metadata_is_not_taken_for_the_kv_format(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_safetensors(str(path), {"model.layers.3.self_attn.k_scale": np.float32([0.5])},
+                      {"format": "pt"})
+    (q,) = layouts.scan(load_path(str(path), as_stored=True)).quantized
+    assert (q.element, q.facts["fp8_max"], q.facts["layer"]) == ("float8_e4m3fn", 448.0, 3)
+    assert q.facts["covered_amax"] == [224.0] and q.facts["format_from"] == "vLLM's fp8 default"

@@ -89,11 +89,14 @@ def _format(source, config: dict | None) -> tuple[str, str]:
         try:
             from fmtcli.inputs.safetensorsfile import read_metadata
 
-            name = read_metadata(source.source).get("format")
+            metadata = read_metadata(source.source)
         except (FmtError, OSError, ValueError, RecursionError):  # a hint only
-            name = None
-        if isinstance(name, str) and len(name) < 40:
-            return name, f"{os.path.basename(source.source)} metadata"
+            metadata = {}
+        # fmt kv --out's (format + checkpoint_factor); transformers writes {"format": "pt"}
+        name = metadata.get("format")
+        if ("checkpoint_factor" in metadata and isinstance(name, str) and len(name) < 40
+                and _fp8_max(name) is not None):
+            return name, f"{os.path.basename(source.source)} metadata (fmt kv --out)"
     scheme = (config or {}).get("kv_cache_scheme")
     if isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get(
             "num_bits") == 8:
