@@ -311,3 +311,132 @@ def test_an_nvfp4_packed_weight_is_not_claimed_as_mx(tmp_path):
     sources = load_path(str(tmp_path), as_stored=True)
     assert [q.layout for q in scan(sources).quantized
             if q.layout.startswith("compressed-tensors-mx")] == []
+
+
+# -- (2) the real library: its own quantization, compression, saving and decompression ----
+
+def _ct_folder(folder: Path, preset: str, shape, dtype_name: str) -> None:
+    """A Linear quantized with compressed-tensors' preset scheme: the scales by the
+    library's calculate_qparams from the weight's min/max per strategy, compressed by
+    ModelCompressor and saved as save_pretrained saves it (safetensors + update_config)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("compressed_tensors")
+    try:  # the API of 0.20.1; a version without it is skipped, not failed
+        from compressed_tensors.compressors import ModelCompressor
+        from compressed_tensors.quantization import (
+            QuantizationConfig,
+            QuantizationScheme,
+            apply_quantization_config,
+        )
+        from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+        from compressed_tensors.quantization.utils import (
+            calculate_qparams,
+            maybe_pad_tensor_for_block_quant,
+        )
+    except ImportError as missing:
+        pytest.skip(f"this compressed-tensors lacks the API the test drives: {missing}")
+    from safetensors.torch import save_file
+
+    if preset not in PRESET_SCHEMES:
+        pytest.skip(f"this compressed-tensors has no {preset} preset")
+    model = torch.nn.Sequential()
+    model.add_module("proj", torch.nn.Linear(shape[1], shape[0], bias=False))
+    with torch.no_grad():
+        model.proj.weight.copy_(torch.from_numpy(weights(7, shape)))
+    model.to(getattr(torch, dtype_name))
+    scheme = QuantizationScheme(targets=["Linear"], **PRESET_SCHEMES[preset])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}))
+    module, args = model.proj, model.proj.quantization_scheme.weights
+    w = module.weight.data
+    if args.strategy == "tensor":
+        low, high = w.amin(), w.amax()
+    elif args.strategy == "channel":
+        low, high = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    elif args.strategy == "group":
+        groups = w.unflatten(-1, (-1, args.group_size))
+        low, high = groups.amin(-1), groups.amax(-1)
+    else:
+        bh, bw = args.block_structure
+        padded = maybe_pad_tensor_for_block_quant(w, (bh, bw))
+        blocks = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
+        low, high = blocks.amin((1, 3)), blocks.amax((1, 3))
+    scale, _ = calculate_qparams(low, high, args)
+    module.weight_scale.data = scale.to(module.weight_scale.dtype)
+    if hasattr(module, "input_scale"):
+        module.input_scale.data.fill_(0.03125)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              folder / "model.safetensors")
+    compressor.update_config(str(folder))
+
+
+def _library_decoding(folder: Path) -> np.ndarray:
+    import torch
+    from safetensors.torch import load_file
+
+    try:
+        from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import (
+            CompressedTensorsDequantizer,
+        )
+    except ImportError as missing:
+        pytest.skip(f"this compressed-tensors has no checkpoint dequantizer: {missing}")
+
+    tensors = load_file(folder / "model.safetensors")
+    dequantizer = CompressedTensorsDequantizer(str(folder), dtype=torch.float32)
+    return dequantizer.process(tensors)["proj.weight"].numpy()
+
+
+def _exact_fp8(folder: Path) -> np.ndarray:
+    """The float64 decoding of an FP8 file's bytes: code * weight_scale per its tile."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(folder / "model.safetensors")
+    codes = tensors["proj.weight"].to(torch.float64).numpy()
+    scale = tensors["proj.weight_scale"].to(torch.float64).numpy()
+    o, i = codes.shape
+    if scale.size == 1:
+        return codes * scale.reshape(-1)[0]
+    if scale.shape == (o, 1):
+        return codes * scale
+    assert scale.shape == (-(-o // 128), -(-i // 128))  # FP8_BLOCK: [128, 128]
+    bh, bw = 128, 128
+    return codes * np.repeat(np.repeat(scale, bh, 0), bw, 1)[:o, :i]
+
+
+ORACLE = {"FP8": ("tensor", "bfloat16"), "FP8_DYNAMIC": ("row", "bfloat16"),
+          "FP8_BLOCK": ("tile:128x128", "bfloat16"),
+          "FP8_BLOCK-float32": ("tile:128x128", "float32"),
+          "MXFP8": ("block:32", "bfloat16"), "MXFP4": ("block:32", "bfloat16"),
+          "MXFP4-float32": ("block:32", "float32")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ORACLE, ids=list(ORACLE))
+def test_the_library_s_own_checkpoints_against_its_decompression(tmp_path, case):
+    preset = case.partition("-")[0]
+    group, dtype_name = ORACLE[case]
+    folder = tmp_path / "ct"
+    _ct_folder(folder, preset, (192, 320), dtype_name)
+    sources = load_path(str(folder), as_stored=True)
+    (q,) = scan(sources, read_config(str(folder))).quantized
+    assert q.key == "proj.weight" and q.group.spelling == group and not q.problems
+    assert q.facts["config_scheme"] == json.loads((folder / "config.json").read_text())[
+        "quantization_config"]["format"]
+    if preset == "FP8":
+        assert q.parts["input_scale"].key == "proj.input_scale"
+    mine = q.dequantize()
+    theirs = _library_decoding(folder)
+    if preset.startswith("MX"):  # the library decodes exactly: bit for bit
+        assert np.array_equal(mine.view(np.uint32), theirs.view(np.uint32))
+        return
+    exact = _exact_fp8(folder)
+    assert np.array_equal(mine.view(np.uint32), exact.astype(np.float32).view(np.uint32))
+    import torch
+
+    rounded = torch.from_numpy(exact).to(getattr(torch, dtype_name)).float().numpy()
+    assert np.array_equal(theirs, rounded)  # the library: the exact value in its dtype
+    relative = np.abs(theirs - exact) / np.maximum(np.abs(exact), 1e-300)
+    assert relative.max() <= (2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -24)
