@@ -87,12 +87,15 @@ CSV_FIELDS = ("name", "shape", "ref_dtype", "test_dtype", "count", "nonzero", "d
               "median_rel_error", "p99_rel_error")
 CSV_LOGIT_FIELDS = ("rows", "bad_rows", "kl_mean", "kl_median", "kl_p99", "kl_max",
                     "top1_agreement", "top5_overlap")
+# where a side is a quantized layout (compare.verdict); the reasons are --json's
+CSV_JUDGED_FIELDS = ("layout", "fmt_scheme", "fmt_sqnr_db", "verdict")
 
 
 def compare_csv(result: CompareResult) -> str:
     """One row per tensor pair (REF's order), the JSON key names as the header; the logit
     figures too with ``--logits``.  nan/inf written so, as ``csvout`` writes them."""
-    fields = CSV_FIELDS + (CSV_LOGIT_FIELDS if result.logits else ())
+    fields = CSV_FIELDS + (CSV_LOGIT_FIELDS if result.logits else ()) + (
+        CSV_JUDGED_FIELDS if result.judged else ())
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(fields)
