@@ -315,11 +315,10 @@ def test_whole_array_of_a_dequantized_source(files):
     """What the fused CUDA path reads (``engine.cuda.quantize_on_gpu``: ``source.array()``,
     the whole tensor): the dequantized float32 values, as the chunks give them."""
     from fmtcli.engine.cuda import route
+    from fmtcli.inputs.layouts.base import LayoutNote
     from fmtcli.inputs.tensors import load_path
     from fmtcli.numerics.schemes import build_scheme
     from fmtcli.streaming.stream import ChunkReader
-
-    from fmtcli.inputs.layouts.base import LayoutNote
 
     with pytest.warns(LayoutNote):
         source = next(s for s in load_path(str(files.fp8)) if s.key == DOWN)
