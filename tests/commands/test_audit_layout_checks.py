@@ -338,3 +338,67 @@ def test_kv_scales_through_the_reader(tmp_path):
         layer + "v_scale": np.array(-1.0, np.float32)})
     assert [check(q, result, "kv-scales").verdict for q in quantized] == [Verdict.WARN,
                                                                           Verdict.FAIL]
+
+
+# -- the real library: its own checkpoints pass every layout check --------------------------
+
+def _library_folder(folder: Path, preset: str, w: np.ndarray) -> None:
+    """A Linear quantized by compressed-tensors' preset (its calculate_qparams, with
+    generate_gparam's global scale for NVFP4), compressed and saved as save_pretrained
+    does.  Run with /tmp/ctcheck/bin/python -m pytest; skipped without the library."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("compressed_tensors")
+    try:
+        from compressed_tensors.compressors import ModelCompressor
+        from compressed_tensors.quantization import (
+            QuantizationConfig,
+            QuantizationScheme,
+            apply_quantization_config,
+        )
+        from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+        from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    except ImportError as missing:
+        pytest.skip(f"this compressed-tensors lacks the API the test drives: {missing}")
+    from safetensors.torch import save_file
+
+    if preset not in PRESET_SCHEMES:
+        pytest.skip(f"this compressed-tensors has no {preset} preset")
+    model = torch.nn.Sequential()
+    model.add_module("proj", torch.nn.Linear(w.shape[1], w.shape[0], bias=False))
+    with torch.no_grad():
+        model.proj.weight.copy_(torch.from_numpy(w))
+    model.to(torch.bfloat16)
+    scheme = QuantizationScheme(targets=["Linear"], **PRESET_SCHEMES[preset])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}))
+    module, args = model.proj, model.proj.quantization_scheme.weights
+    groups = module.weight.data.unflatten(-1, (-1, args.group_size))
+    glob = None
+    if hasattr(module, "weight_global_scale"):
+        glob = generate_gparam(module.weight.data.amin(), module.weight.data.amax())
+        module.weight_global_scale.data = glob.to(module.weight_global_scale.dtype)
+    scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
+    module.weight_scale.data = scale.to(module.weight_scale.dtype)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              folder / "model.safetensors")
+    compressor.update_config(str(folder))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["MXFP4A16", "MXFP8A16", "NVFP4A16"])
+def test_the_library_s_own_checkpoints_pass(tmp_path, preset):
+    w = gaussian(15, (128, 512)) * np.exp(np.random.default_rng(15).standard_normal((128, 1)))
+    _library_folder(tmp_path / "m", preset, w)
+    result = scan(load_path(str(tmp_path / "m"), as_stored=True),
+                  read_config(str(tmp_path / "m")))
+    (q,) = result.quantized
+    found = {c.name: c for c in (f(q, result) for f in CHECKS) if c is not None}
+    expected = {"nibble-order"} if preset != "MXFP8A16" else set()
+    expected |= {"global-scale"} if preset.startswith("NV") else {"mx-scale-rule"}
+    assert set(found) == expected
+    assert all(c.verdict is Verdict.OK for c in found.values()), found
+    if "mx-scale-rule" in found:
+        assert found["mx-scale-rule"].figures["rule"] == "compressed-tensors"
+        assert found["mx-scale-rule"].figures["share_below_rule"] == 0
