@@ -105,6 +105,7 @@ def test_deepseek_decodes_code_times_scale_inv_per_128x128_block_with_partial_ed
     assert (q.layout, q.key, q.shape, q.element) == (
         "deepseek-fp8", "model.layers.0.mlp.down_proj.weight", (200, 300), "float8_e4m3fn")
     assert q.facts["scale_direction"].startswith("dequantization") and not q.problems
+    assert q.facts["config_scheme"] == "fp8" and q.facts["nominal_bits"] == 8 + 32 / 128 ** 2
     got = q.dequantize()
     np.testing.assert_array_equal(got.view(np.uint32), reference_decode(codes, scale)
                                   .view(np.uint32))
@@ -139,6 +140,8 @@ def test_deepseek_ue8m0_scales_as_float32_e8m0fnu_or_uint8_bytes_decode_alike(
                              {**CONFIG, "scale_fmt": "ue8m0"})
     q = only_quantized(folder)
     assert q.facts["scale_fmt"] == "ue8m0" and not q.problems
+    assert "power of two" in q.facts["scale_rule"]
+    assert q.facts["nominal_bits"] == 8 + (32 if stored == "float32" else 8) / 128 ** 2
     assert q.scale_dtype == ("float32" if stored == "float32" else "e8m0")
     np.testing.assert_array_equal(q.scales_reader(), scale)
     np.testing.assert_array_equal(q.dequantize(), reference_decode(codes, scale))

@@ -17,8 +17,11 @@ config promises; ``fmt audit`` checks it (DeepSeek-V3 issue #961: non-power-of-t
 where ``ue8m0`` was promised).
 
 Leading axes (stacked experts, E x O x I with an E x gO x gI grid) are blocked matrix by
-matrix.  A grid whose shape does not fit the weight is not claimed as this layout's
-tensor: it is recorded in ``facts["problems"]`` and ``read`` refuses it in one line.
+matrix.  A grid whose shape does not fit the weight is still claimed (its scales are no
+data): the mismatch is recorded in ``Quantized.problems`` and ``read`` refuses it in one
+line.  ``facts["scale_rule"]``: amax / 448 per block; for ue8m0 rounded up to a power of
+two (DeepGEMM's ``ceil_to_ue8m0``, which DeepSeek-V3.1's FP8 cast uses);
+``facts["nominal_bits"]``: 8 + the scale's bits / (128 x 128).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fmtcli.inputs.layouts.base import (
     block_scales,
     e8m0_values,
 )
+from fmtcli.inputs.storage import itemsize
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "deepseek-fp8"
@@ -82,8 +86,14 @@ def _quantized(codes, scales, tile, config) -> Quantized:
     if tuple(scales.shape) != want:
         problems.append(f"{scales.key} has shape {list(scales.shape)}, not {list(want)} "
                         f"(one per {tile[0]}x{tile[1]} block of {list(shape)})")
+    scale_bits = 8 if scales.dtype in ("uint8", "float8_e8m0fnu") else 8 * itemsize(
+        scales.dtype)
     facts = {"tile": list(tile), "scale_direction": "dequantization (x = code * scale_inv)",
-             "scale_fmt": config.get("scale_fmt"), "quant_method": config.get("quant_method")}
+             "scale_fmt": config.get("scale_fmt"), "quant_method": config.get("quant_method"),
+             "config_scheme": config.get("quant_method"),
+             "nominal_bits": 8 + scale_bits / (tile[0] * tile[1]),
+             "scale_rule": ("amax / 448 per block, rounded up to a power of two (ue8m0)"
+                            if config.get("scale_fmt") == "ue8m0" else "amax / 448 per block")}
     cache: dict = {}
 
     def load() -> dict:
