@@ -223,6 +223,22 @@ def test_swapped_nibbles_decode_to_other_values(tmp_path):
     assert not np.array_equal(mine, as_float32(decoded))
 
 
+def test_an_asymmetric_fp8_weight_subtracts_its_zero_point(tmp_path):
+    """weight_zero_point (float8_e4m3fn, the scale's shape): x = (code - zp) * scale
+    (forward_helpers._dequantize)."""
+    rng = np.random.default_rng(4)
+    codes = (rng.standard_normal((32, 64)) * 40).astype(E4M3)
+    zero = rng.integers(-8, 8, (32, 1)).astype(np.float32).astype(E4M3)
+    scale = (rng.uniform(1, 2, (32, 1)) * 1e-3).astype(np.float32)
+    write_safetensors(tmp_path / "model.safetensors", {
+        "m.weight": codes, "m.weight_scale": scale, "m.weight_zero_point": zero})
+    exact = (codes.astype(np.float64) - zero.astype(np.float64)) * scale.astype(np.float64)
+    sources = load_path(str(tmp_path), as_stored=True)
+    (q,) = scan(sources).quantized
+    assert q.facts["zero_point"] and q.parts["zero_point"].key == "m.weight_zero_point"
+    assert np.array_equal(q.dequantize().view(np.uint32), as_float32(exact).view(np.uint32))
+
+
 @pytest.mark.slow
 def test_fmt_quantize_and_compare_in_a_fresh_process(tmp_path):
     originals, exact = write_folder(tmp_path / "ct")

@@ -252,15 +252,16 @@ def _readers(parts: dict, shape: tuple[int, ...], strategy: str, tile: tuple[int
     cache: dict = {}
 
     def grids() -> dict:
-        if not cache:
+        if "scale" not in cache:
             cache["scale"] = grid_of(values_of(parts["scales"]), shape, strategy)
             if "zero_point" in parts:
                 cache["zero"] = grid_of(values_of(parts["zero_point"]), shape, strategy)
         return cache
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
-        stored = parts["codes"].stored().reshape(matrix_shape(shape))
-        return np.asarray(as_values(stored[r0:r1])).astype(np.float32)
+        if "codes" not in cache:  # the memory map, opened once
+            cache["codes"] = parts["codes"].stored().reshape(matrix_shape(shape))
+        return np.asarray(as_values(cache["codes"][r0:r1])).astype(np.float32)
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         values, rows = elements_reader(r0, r1), np.arange(r0, r1)
