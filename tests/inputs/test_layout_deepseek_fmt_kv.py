@@ -394,3 +394,18 @@ def test_a_transformers_format_pt_metadata_is_not_taken_for_the_kv_format(tmp_pa
     (q,) = layouts.scan(load_path(str(path), as_stored=True)).quantized
     assert (q.element, q.facts["fp8_max"], q.facts["layer"]) == ("float8_e4m3fn", 448.0, 3)
     assert q.facts["covered_amax"] == [224.0] and q.facts["format_from"] == "vLLM's fp8 default"
+
+
+def test_fmt_out_codes_beyond_the_format_s_bits_are_one_error_line(tmp_path):
+    path = tmp_path / "q.safetensors"
+    entry = json.dumps({"scheme": {"format": "float4_e2m1fn", "granularity": "row"},
+                        "tile": [1, 8], "shape": [2, 8], "matrix": [2, 8]})
+    codes = np.full((2, 8), 3, np.uint8)
+    codes[1, 5] = 0x13  # a high nibble in a 4-bit code
+    write_safetensors(str(path), {"w.codes": codes, "w.scales": np.ones((2, 1), np.float32)},
+                      {"fmtcli": "x_q = decode(codes) / scales", "w": entry})
+    (q,) = layouts.scan(load_path(str(path), as_stored=True)).quantized
+    np.testing.assert_array_equal(q.read(slice(0, 1), slice(0, 8)), np.full((1, 8), 1.5))
+    result = invoke("quantize", path)
+    assert result.exit_code == 1 and "codes beyond float4_e2m1fn's 4 bits" in one_error_line(
+        result.stderr)

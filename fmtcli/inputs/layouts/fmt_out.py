@@ -38,7 +38,7 @@ import os
 
 import numpy as np
 
-from fmtcli.base.errors import FmtError
+from fmtcli.base.errors import DataError, FmtError, shown
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, block_scales
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -211,15 +211,20 @@ def _quantized(name, codes, scales, text, extra) -> Quantized:
             cache["grid"] = np.asarray(scales.stored()).reshape(scales.shape)
         return cache
 
-    def elements_reader(r0: int, r1: int) -> np.ndarray:
+    def decoded(r0: int, r1: int) -> np.ndarray:
         from fmtcli.numerics.codes import decode
 
-        return decode(load()["codes"][r0:r1], spec).astype(np.float32)
+        block = load()["codes"][r0:r1]
+        if spec.bits < 8 * block.itemsize and (block >> spec.bits).any():
+            raise DataError(f"{shown(codes.source + ':' + codes.key)}: codes beyond "
+                            f"{spec.name}'s {spec.bits} bits (corrupt file?)")
+        return decode(block, spec)
+
+    def elements_reader(r0: int, r1: int) -> np.ndarray:
+        return decoded(r0, r1).astype(np.float32)
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
-        from fmtcli.numerics.codes import decode
-
-        values = decode(load()["codes"][r0:r1], spec)
+        values = decoded(r0, r1)
         per = block_scales(load()["grid"], np.arange(r0, r1), rows, tile, cols)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             out = (values / per.astype(np.float64)).astype(np.float32)
