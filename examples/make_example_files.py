@@ -16,11 +16,16 @@ example's output against the page), all from fixed seeds with numpy and fmtcli's
 - ``model-fp8.safetensors``, ``bert-fp8.safetensors``: the same after an E4M3 round trip
   with one amax scale per row, each tensor in its own dtype (``fmt compare``'s examples);
 - ``logits.npy``, ``logits-fp8.npy``: the logits of a small LM head (64 tokens, a
-  vocabulary of 512) with its float32 weights and with those weights round-tripped.
+  vocabulary of 512) with its float32 weights and with those weights round-tripped;
+- ``model-deepseek-fp8/``: ``model.safetensors`` as DeepSeek-V3 stores FP8 weights
+  (``fmt audit``'s examples): each 2-D weight float8_e4m3fn beside a float32
+  ``weight_scale_inv`` per 128 x 128 block (amax / 448; DeepSeek-V3's
+  ``README_WEIGHTS.md``), the rest as it is, and a ``config.json`` saying so.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -100,6 +105,28 @@ def fp8_rows(w: np.ndarray) -> np.ndarray:
     return x_q.astype(np.float32 if w.dtype == np.float64 else w.dtype)
 
 
+def deepseek_fp8(tensors: dict, tile: int = 128) -> dict:
+    """DeepSeek-V3's FP8 layout of ``tensors``: each 2-D float weight as float8_e4m3fn
+    codes (``w / scale_inv`` per ``tile`` x ``tile`` block, scale_inv = block amax / 448)
+    and its float32 ``<name>_scale_inv`` grid; the rest as it is."""
+    out = {}
+    for name, w in tensors.items():
+        if w.ndim != 2 or w.dtype.kind != "f" or not name.endswith(".weight"):
+            out[name] = w
+            continue
+        x = w.astype(np.float32)
+        grid = np.ones((-(-x.shape[0] // tile), -(-x.shape[1] // tile)), np.float32)
+        codes = np.empty(x.shape, ml_dtypes.float8_e4m3fn)
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                rows, cols = slice(i * tile, (i + 1) * tile), slice(j * tile, (j + 1) * tile)
+                amax = np.abs(x[rows, cols]).max()
+                grid[i, j] = amax / np.float32(448) if amax > 0 else 1
+                codes[rows, cols] = (x[rows, cols] / grid[i, j]).astype(codes.dtype)
+        out[name], out[name + "_scale_inv"] = codes, grid
+    return out
+
+
 def write_example_files(directory: Path) -> list[Path]:
     """Every example file in ``directory`` (created if need be); their paths."""
     directory = Path(directory)
@@ -121,6 +148,13 @@ def write_example_files(directory: Path) -> list[Path]:
                          ("logits-fp8.npy", hidden @ fp8_rows(head).T)):
         np.save(directory / name, logits)
         paths.append(directory / name)
+    folder = directory / "model-deepseek-fp8"
+    folder.mkdir(exist_ok=True)
+    write_safetensors(str(folder / "model.safetensors"), deepseek_fp8(model))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic"}}, indent=2) + "\n")
+    paths += [folder / "model.safetensors", folder / "config.json"]
     return paths
 
 
@@ -132,7 +166,7 @@ def main(argv: list[str]) -> int:
     paths = write_example_files(directory)
     print(f"wrote {len(paths)} example files to {directory}:")
     for path in paths:
-        print(f"  {path.name:24} {path.stat().st_size:>9,} bytes")
+        print(f"  {path.relative_to(directory).as_posix():36} {path.stat().st_size:>9,} bytes")
     print(f"then: cd {directory} && fmt quantize model.safetensors")
     return 0
 

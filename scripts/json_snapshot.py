@@ -272,7 +272,8 @@ def write_inputs(root: Path, directory: Path) -> str:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.write_example_files(directory)
-    return "".join(f"{sha256(p)}  {p.name}\n" for p in sorted(directory.iterdir()))
+    return "".join(f"{sha256(p)}  {p.relative_to(directory).as_posix()}\n"
+                   for p in sorted(directory.rglob("*")) if p.is_file())
 
 
 def sha256(path: Path) -> str:

@@ -297,11 +297,11 @@ def _model_checks(tensors, plain: PlainTensors, config, nominal) -> list[Check]:
                       f"({', '.join(plain.dtypes)})") if plain.count else "no plain tensor"
         if effective > nominal * (1 + MODEL_BITS_MARGIN):
             found.append(Check("model-bits", Verdict.WARN, f"{effective:.3f} bits/param over "
-                               f"the model against a nominal {nominal:.3g}: {plain_text}",
+                               f"the model against a nominal {nominal:.4g}: {plain_text}",
                                figures))
         else:
             found.append(Check("model-bits", Verdict.OK, f"{effective:.3f} bits/param "
-                               f"(nominal {nominal:.3g}; {plain_text})", figures))
+                               f"(nominal {nominal:.4g}; {plain_text})", figures))
     return found
 
 
@@ -334,7 +334,7 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
                          plain_tensors.stored_bits, nominal, tuple(model), _counts(every))
     return AuditResult(path, scan.config, tuple(dict.fromkeys(t.layout for t in tensors)),
                        tuple(tensors), _roles(tensors), plain_tensors, totals,
-                       tuple(s.info for s in plain if s.skipped is not None))
+                       tuple(s.info() for s in plain if s.skipped is not None))
 
 
 def folder_of(path: str) -> str:

@@ -105,12 +105,12 @@ def _expected_dtypes(q) -> tuple[str, ...] | None:
     if promised:
         return tuple(promised)
     layout, element = q.layout, q.element
+    if layout == "deepseek-fp8":  # float32, or UE8M0 powers of two as float32 or bytes
+        return ("float32", "e8m0")
     if "nvfp4" in layout or (element == "float4_e2m1fn" and q.group.block == 16):
         return ("float8_e4m3fn",)
     if "mx" in layout or _promises_power_of_two_layout(q):
         return ("e8m0",)
-    if layout == "deepseek-fp8":
-        return ("float32", "e8m0")
     return None
 
 

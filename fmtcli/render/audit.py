@@ -131,7 +131,9 @@ def render_audit(result: AuditResult, top: int = SUMMARY_TOP, show_all: bool = F
                                 [(name(t), shape_text(t.shape), [(t.layout,
                                                                   _tensor_cells(t))])
                                  for t in shown], caption=CAPTION))
-        parts.extend(_evidence(shown, name))
+        evidence = _evidence(shown, name)
+        if evidence:
+            parts += [Text("Failed and suspicious checks", style="bold"), *evidence, Text("")]
     parts.append(_plain_line(result))
     parts.append(_totals(result))
     for c in result.totals.checks:
@@ -145,7 +147,7 @@ def render_audit(result: AuditResult, top: int = SUMMARY_TOP, show_all: bool = F
 
 def _totals(result: AuditResult) -> HeadedRows:
     t = result.totals
-    nominal = f"{t.nominal_bits:.3g}" if t.nominal_bits else "-"
+    nominal = f"{t.nominal_bits:.4g}" if t.nominal_bits else "-"
     return HeadedRows(
         f"Total of {t.params:,} parameters", "", TOTAL_HEADERS,
         [(None, None, [("", [percent_text(t.quantized_share),

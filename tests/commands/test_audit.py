@@ -1,0 +1,408 @@
+"""``fmt audit``: the generic checks fire on broken fixtures and stay quiet on healthy ones,
+the streamed figures equal numpy's over the decoded values, the table and JSON, exit codes,
+and bad input as one Error line.
+
+DeepSeek-V3 FP8 fixtures are written here from the definition in
+``fmtcli/inputs/layouts/deepseek_fp8.py`` (DeepSeek-V3 ``README_WEIGHTS.md``: a
+float8_e4m3fn ``weight`` beside a float32 ``weight_scale_inv`` per 128 x 128 block, ``x =
+code * scale_inv``, scale_inv = amax / 448; ``scale_fmt: ue8m0``: powers of two); the
+ModelOpt and gpt-oss fixtures come from ``tests/layout_fixtures.py``.  "Half-size scales"
+here is the exporter that divided by half the right scale (codes doubled and clipped at
+448); a scale halved after quantization leaves the codes as they were and is the layout
+checks' (NVFP4's headroom) or ``fmt compare``'s to find.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import layout_fixtures as lf
+import ml_dtypes
+import numpy as np
+import pytest
+from cli_helpers import assert_data_error, assert_fits, invoke, json_of, strict_loads
+from oracle import write_safetensors
+
+from fmtcli.audit import audit_path, checks, stats
+from fmtcli.inputs import layouts
+from fmtcli.inputs.tensors import load_path
+
+KEY = "model.layers.{}.mlp.down_proj.weight"
+TILE = 128
+
+
+def ds_quantize(w: np.ndarray, factor: float = 1.0, ue8m0: bool = False):
+    """DeepSeek-V3's block quantization of an O x I weight: (codes float8_e4m3fn, grid
+    float32 scale_inv); the codes divided by ``factor`` x the right scale."""
+    rows, cols = w.shape
+    grid = np.zeros((-(-rows // TILE), -(-cols // TILE)), np.float32)
+    codes = np.zeros(w.shape, np.float32)
+    for a in range(grid.shape[0]):
+        for b in range(grid.shape[1]):
+            block = w[a * TILE:(a + 1) * TILE, b * TILE:(b + 1) * TILE]
+            s = np.float32(np.abs(block).max() / 448) if np.any(block) else np.float32(1)
+            if ue8m0:
+                s = np.float32(2.0 ** np.ceil(np.log2(s)))
+            grid[a, b] = s
+            codes[a * TILE:(a + 1) * TILE, b * TILE:(b + 1) * TILE] = np.clip(
+                block / (s * np.float32(factor)), -448, 448)
+    return codes.astype(ml_dtypes.float8_e4m3fn), grid
+
+
+def deepseek(folder: Path, *, layers: int = 2, shape=(200, 300), factor: float = 1.0,
+             scale_factor: float | None = None, ue8m0: bool = False, grid_rows: int | None = None,
+             scale_dtype=np.float32, plain: dict | None = None, edit=None,
+             config: dict | None = None) -> Path:
+    """A DeepSeek-V3 FP8 folder: ``layers`` quantized down_proj weights and a bfloat16
+    norm each.  ``factor``: codes made with factor x the scale (0.5: half-size scales, the
+    codes clip); ``scale_factor``: the stored grid times it (default ``factor``);
+    ``grid_rows``: keep only these rows of each grid (a wrong-shape scale tensor);
+    ``edit(codes, grid)`` changes them in place before writing."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for i in range(layers):
+        w = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        codes, grid = ds_quantize(w, factor, ue8m0)
+        grid = grid * np.float32(factor if scale_factor is None else scale_factor)
+        if edit is not None:
+            edit(codes, grid)
+        tensors[KEY.format(i)] = codes
+        tensors[KEY.format(i) + "_scale_inv"] = (grid if grid_rows is None
+                                                else grid[:grid_rows]).astype(scale_dtype)
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.ones(shape[1],
+                                                                      ml_dtypes.bfloat16)
+    tensors.update(plain or {})
+    write_safetensors(folder / "model.safetensors", tensors)
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [TILE, TILE],
+             "activation_scheme": "dynamic", **({"scale_fmt": "ue8m0"} if ue8m0 else {})}
+    (folder / "config.json").write_text(json.dumps(
+        {"quantization_config": quant} if config is None else config))
+    return folder
+
+
+def verdicts(result) -> dict[str, set[str]]:
+    """check name -> the verdicts it gave over every tensor (and the model checks)."""
+    out: dict[str, set[str]] = {}
+    for c in [c for t in result.tensors for c in t.checks] + list(result.totals.checks):
+        out.setdefault(c.name, set()).add(c.verdict.value)
+    return out
+
+
+def flagged(result) -> set[str]:
+    return {name for name, vs in verdicts(result).items() if vs & {"warn", "fail"}}
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> Path:
+    return deepseek(tmp_path_factory.mktemp("audit") / "healthy")
+
+
+# -- healthy inputs pass -------------------------------------------------------------------
+
+def test_a_healthy_deepseek_checkpoint_passes_every_check(healthy):
+    result = audit_path(str(healthy))
+    assert result.layouts == ("deepseek-fp8",) and len(result.tensors) == 2
+    assert flagged(result) == set(), verdicts(result)
+    ran = verdicts(result)
+    for name in ("structure", "scale-count", "scale-dtype", "scale-finite", "scale-zero",
+                 "values-finite", "clipping", "lowest-codes", "zero-groups", "config-scheme"):
+        assert ran[name] == {"ok"}, name
+    assert result.plain.count == 2 and result.plain.dtypes == {"bfloat16": 2}
+
+
+@pytest.mark.parametrize("writer", ["nvfp4", "gptoss", "ue8m0"])
+def test_other_healthy_layouts_pass_the_generic_checks(tmp_path, writer):
+    rng = np.random.default_rng(2)
+    if writer == "nvfp4":
+        lf.nvfp4_modelopt(tmp_path / "m", (rng.standard_normal((64, 128)) * 0.02
+                                           ).astype(np.float32))
+        path = tmp_path / "m"
+    elif writer == "gptoss":
+        lf.mxfp4_gptoss(tmp_path / "m", {"model.layers.0.mlp.experts.down_proj":
+                                         rng.standard_normal((2, 64, 128)).astype(np.float32)})
+        path = tmp_path / "m"
+    else:
+        path = deepseek(tmp_path / "m", ue8m0=True)
+    result = audit_path(str(path))
+    generic = {f.__name__.replace("_", "-") for f in checks.CHECKS}
+    assert not (flagged(result) & generic), verdicts(result)
+    assert result.tensors
+
+
+# -- each generic check fires --------------------------------------------------------------
+
+def test_half_size_scales_clip_and_fail(tmp_path):
+    result = audit_path(str(deepseek(tmp_path / "m", factor=0.5)))
+    assert verdicts(result)["clipping"] == {"fail"}
+    c = next(c for c in result.tensors[0].checks if c.name == "clipping")
+    assert c.figures["share"] == 1.0 and "scales too small" in c.evidence
+
+
+def test_double_scales_use_only_the_lowest_codes_and_fail(tmp_path):
+    result = audit_path(str(deepseek(tmp_path / "m", factor=2.0)))
+    assert verdicts(result)["lowest-codes"] == {"fail"}
+    assert verdicts(result)["clipping"] == {"ok"}
+
+
+def test_clipping_in_a_minority_of_groups_warns(tmp_path):
+    def clip_two_blocks(codes, grid):  # 2 of 6 blocks: codes doubled and clipped (33%)
+        for b in (0, 1):
+            block = codes[:TILE, b * TILE:(b + 1) * TILE].astype(np.float32)
+            codes[:TILE, b * TILE:(b + 1) * TILE] = np.clip(block * 2, -448, 448)
+    result = audit_path(str(deepseek(tmp_path / "m", edit=clip_two_blocks)))
+    assert verdicts(result)["clipping"] == {"warn"}
+
+
+def test_non_power_of_two_ue8m0_scales_fail(tmp_path):
+    def perturb(codes, grid):
+        grid[0, 0] *= np.float32(1.3)
+    result = audit_path(str(deepseek(tmp_path / "m", ue8m0=True, edit=perturb)))
+    c = next(c for c in result.tensors[0].checks if c.name == "scale-power-of-two")
+    assert c.verdict.value == "fail" and c.figures["not_power_of_two"] == 1
+    assert "scale_fmt ue8m0" in c.evidence
+    assert "scale-power-of-two" not in verdicts(audit_path(str(deepseek(tmp_path / "f"))))
+
+
+def test_a_scale_tensor_of_the_wrong_shape_fails_structure_and_count(tmp_path):
+    result = audit_path(str(deepseek(tmp_path / "m", grid_rows=1)))
+    v = verdicts(result)
+    assert v["structure"] == {"fail"} and v["scale-count"] == {"fail"}
+    c = next(c for c in result.tensors[0].checks if c.name == "scale-count")
+    assert c.figures == {"scales": 3, "groups": [6]}
+    assert result.tensors[0].values is None  # never read
+
+
+def test_an_fp8_file_labelled_nvfp4_fails_config_scheme(tmp_path):
+    rng = np.random.default_rng(4)
+    lf.fp8_labelled_nvfp4(tmp_path / "m", (rng.standard_normal((64, 128)) * 0.02
+                                           ).astype(np.float32))
+    result = audit_path(str(tmp_path / "m"))
+    c = next(c for c in result.tensors[0].checks if c.name == "config-scheme")
+    assert c.verdict.value == "fail" and "float8_e4m3fn" in c.evidence
+    assert c.figures["promised"] == ["fp4"]
+
+
+def test_a_deepseek_config_naming_nvfp4_fails_config_scheme(tmp_path):
+    path = deepseek(tmp_path / "m", config={"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}})
+    assert verdicts(audit_path(str(path)))["config-scheme"] == {"fail"}
+
+
+def test_nan_and_zero_scales(tmp_path):
+    def nan_scale(codes, grid):
+        grid[0, 0] = np.nan
+    def zero_scale(codes, grid):
+        grid[1, 2] = 0
+    v = verdicts(audit_path(str(deepseek(tmp_path / "a", edit=nan_scale))))
+    assert v["scale-finite"] == {"fail"} and v["values-finite"] == {"fail"}
+    v = verdicts(audit_path(str(deepseek(tmp_path / "b", edit=zero_scale))))
+    assert v["scale-zero"] == {"warn"} and v["scale-finite"] == {"ok"}
+
+
+def test_nan_codes_fail_values_finite(tmp_path):
+    def nan_code(codes, grid):
+        codes.view(np.uint8)[5, 7] = 0x7F  # E4M3's NaN
+    v = verdicts(audit_path(str(deepseek(tmp_path / "m", edit=nan_code))))
+    assert v["values-finite"] == {"fail"} and v["scale-finite"] == {"ok"}
+
+
+def test_all_zero_groups_warn(tmp_path):
+    def zero_blocks(codes, grid):  # 1 of 6 blocks: 17% > 5%
+        codes[:TILE, :TILE] = 0
+    v = verdicts(audit_path(str(deepseek(tmp_path / "m", edit=zero_blocks))))
+    assert v["zero-groups"] == {"warn"} and v["lowest-codes"] == {"ok"}
+
+
+def test_bfloat16_scales_warn_scale_dtype(tmp_path):
+    path = deepseek(tmp_path / "m", scale_dtype=ml_dtypes.bfloat16)
+    result = audit_path(str(path))
+    assert verdicts(result)["scale-dtype"] == {"warn"}
+    assert result.tensors[0].scale_dtype == "bfloat16"
+
+
+def _scanned(path: Path):
+    scan = layouts.scan(load_path(str(path), as_stored=True), layouts.read_config(str(path)))
+    return scan.quantized[0], scan
+
+
+def test_bits_per_param_against_the_nominal(healthy):
+    q, scan = _scanned(healthy)
+    q.facts["nominal_bits"] = 8.0 + 32 / TILE ** 2
+    assert checks.bits_per_param(q, scan, None).verdict.value == "ok"  # 8.003: edge tiles
+    q.facts["nominal_bits"] = 4.5
+    c = checks.bits_per_param(q, scan, None)
+    assert c.verdict.value == "warn" and "nominal is 4.5" in c.evidence
+
+
+def test_the_model_bits_warn_when_most_parameters_are_plain(tmp_path):
+    rng = np.random.default_rng(6)
+    plain = {"lm_head.weight": np.ones((600, 128), ml_dtypes.bfloat16),
+             "model.embed_tokens.weight": np.ones((600, 128), ml_dtypes.bfloat16)}
+    lf.nvfp4_modelopt(tmp_path / "m", (rng.standard_normal((64, 128)) * 0.02
+                                       ).astype(np.float32), extra=plain)
+    result = audit_path(str(tmp_path / "m"))
+    c = result.totals.checks[0]
+    assert c.name == "model-bits" and c.verdict.value == "warn"
+    params = 64 * 128 + 2 * 600 * 128
+    assert result.totals.params == params
+    assert abs(result.totals.effective_bits - (result.tensors[0].stored_bits + 2 * 600 * 128
+                                               * 16) / params) < 1e-12
+    assert "bfloat16" in c.evidence
+
+
+def test_a_config_naming_a_scheme_no_tensor_holds_fails(tmp_path):
+    tmp_path.joinpath("m").mkdir()
+    write_safetensors(tmp_path / "m" / "model.safetensors",
+                      {"w": np.ones((4, 4), np.float32)})
+    (tmp_path / "m" / "config.json").write_text(json.dumps(
+        {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}))
+    result = audit_path(str(tmp_path / "m"))
+    assert [(c.name, c.verdict.value) for c in result.totals.checks] == [
+        ("config-quantized", "fail")]
+
+
+# -- the figures ---------------------------------------------------------------------------
+
+def test_the_streamed_figures_equal_numpy_over_the_decoded_values(healthy):
+    q, scan = _scanned(healthy)
+    x = q.dequantize().astype(np.float64)
+    for chunk in (300, 1 << 18):  # one block row per chunk, or the whole tensor
+        values, codes = stats.measure(q, chunk)
+        assert values.count == x.size and values.amax == np.abs(x).max()
+        assert values.rms == pytest.approx(np.sqrt(np.mean(x * x)), rel=1e-12)
+        assert values.zeros == np.count_nonzero(x == 0) and values.nonfinite == 0
+        assert (codes.groups, codes.zero_groups, codes.lowest) == (6, 0, 0)
+        e = q.elements_reader(0, 200)
+        assert codes.at_max == np.count_nonzero(np.abs(e) == 448)
+
+
+def test_stacked_experts_are_grouped_matrix_by_matrix(tmp_path):
+    """E x O x I with O = 200: a tile row never straddles two experts."""
+    rng = np.random.default_rng(8)
+    w = (rng.standard_normal((3, 200, 256)) * 0.02).astype(np.float32)
+    parts = [ds_quantize(m) for m in w]
+    tmp_path.joinpath("m").mkdir()
+    write_safetensors(tmp_path / "m" / "model.safetensors", {
+        "experts.weight": np.stack([p[0] for p in parts]),
+        "experts.weight_scale_inv": np.stack([p[1] for p in parts])})
+    result = audit_path(str(tmp_path / "m"))
+    t = result.tensors[0]
+    assert t.codes.groups == 3 * 2 * 2 and flagged(result) == set(), verdicts(result)
+
+
+def test_a_per_tensor_group_is_merged_across_chunks():
+    """A tensor-spanning group read in many chunks counts as one."""
+    from fmtcli.inputs.layouts.base import Quantized
+    from fmtcli.numerics.granularity import ScaleGroup
+
+    codes = np.zeros((64, 32), np.float32)
+    codes[3, 4], codes[40, 1] = 448, -448
+    codes[10:20] = 100
+
+    def rows(r0, r1):
+        return codes[r0:r1] * np.float32(0.5)
+    q = Quantized("test", "w", "f", (64, 32), "float8_e4m3fn", "float32",
+                  ScaleGroup("tensor"), {}, rows, {}, lambda r0, r1: codes[r0:r1],
+                  lambda: np.array([0.5], np.float32))
+    values, c = stats.measure(q, chunk_elements=64)  # 2 rows a chunk
+    assert (c.groups, c.clipping, c.lowest, c.zero_groups, c.at_max) == (1, 0, 0, 0, 2)
+    assert values.amax == 224 and values.zeros == 64 * 32 - 2 - 320
+
+
+def test_clip_count_and_element_max():
+    assert [stats.clip_count(n) for n in (16, 32, 1024, 16384)] == [4, 4, 4, 64]
+    assert stats.element_max("float8_e4m3fn") == 448
+    assert stats.element_max("float4_e2m1fn") == 6
+    assert stats.element_max("int4") == 7 and stats.element_max("uint8") == 255
+    assert stats.element_max("no-such") is None
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def test_the_json_document_has_every_tensor_check_and_total(healthy):
+    doc = json_of("audit", healthy)
+    assert doc["layouts"] == ["deepseek-fp8"]
+    t = doc["tensors"][0]
+    assert {"layout", "bits_per_param", "checks", "values", "codes", "verdict"} <= set(t)
+    assert {c["name"] for c in t["checks"]} >= {"structure", "clipping", "lowest-codes"}
+    assert all(set(c) == {"name", "verdict", "evidence", "figures"} for c in t["checks"])
+    assert doc["plain"]["count"] == 2 and len(doc["plain"]["names"]) == 2
+    assert doc["totals"]["verdicts"]["fail"] == 0
+    assert doc["totals"]["effective_bits_per_param"] > t["bits_per_param"]
+
+
+def test_a_failed_check_exits_1_with_the_table_and_its_evidence(tmp_path):
+    path = deepseek(tmp_path / "m", factor=0.5)
+    result = invoke("audit", path, env={"COLUMNS": "80"})
+    assert result.exit_code == 1, result.output
+    assert "FAIL clipping" in result.stdout and "scales too small" in result.stdout
+    assert "checks failed (exit 1)" in result.stderr
+    assert "Error" not in result.stderr
+    assert_fits(result.stdout, 80)
+    doc = strict_loads(invoke("audit", path, "--json").stdout)
+    assert doc["totals"]["verdicts"]["fail"] == 2
+
+
+def test_warnings_exit_0_unless_strict(tmp_path):
+    path = deepseek(tmp_path / "m", scale_dtype=ml_dtypes.bfloat16)
+    result = invoke("audit", path)
+    assert result.exit_code == 0 and "WARN scale-dtype" in result.stdout
+    strict = invoke("audit", path, "--strict")
+    assert strict.exit_code == 1 and "failed or warned" in strict.stderr
+
+
+def test_key_picks_tensors_by_logical_name(healthy):
+    doc = json_of("audit", healthy, "--key", "*.0.*")
+    assert [t["key"] for t in doc["tensors"]] == [KEY.format(0)]
+    assert doc["plain"]["names"] == [str(healthy / "model.safetensors") +
+                                     ":model.layers.0.input_layernorm.weight"]
+    assert_data_error(invoke("audit", healthy, "--key", "nope"), "no tensor matches")
+
+
+def test_a_folder_without_quantized_tensors_is_all_plain_and_exits_0(tmp_path):
+    np.save(tmp_path / "w.npy", np.ones((4, 4), np.float32))
+    result = invoke("audit", tmp_path / "w.npy")
+    assert result.exit_code == 0, result.output
+    assert "No quantized layout found" in result.stdout
+    assert "no quantized layout found" in result.stderr
+    assert json_of("audit", tmp_path / "w.npy")["plain"]["count"] == 1
+
+
+def test_many_tensors_are_summarised_by_role_and_all_lists_every_one(tmp_path):
+    path = deepseek(tmp_path / "m", layers=10, shape=(128, 128))
+    out = invoke("audit", path, env={"COLUMNS": "80"}).stdout
+    assert "By role, worst first: 10 tensors in 1 roles" in out
+    assert "Worst 5 of 10 tensors" in out
+    every = invoke("audit", path, "--all").stdout
+    assert all(f"layers.{i}.mlp" in every for i in range(10))
+
+
+@pytest.mark.parametrize("bad", ["missing", "suffix", "truncated"])
+def test_bad_input_is_one_error_line(tmp_path, bad, healthy):
+    if bad == "missing":
+        path = tmp_path / "nope.safetensors"
+    elif bad == "suffix":
+        path = tmp_path / "model.gguf"
+        path.write_bytes(b"GGUF")
+    else:
+        path = tmp_path / "cut.safetensors"
+        data = (healthy / "model.safetensors").read_bytes()
+        path.write_bytes(data[:len(data) - 1000])
+    assert_data_error(invoke("audit", path), "")
+
+
+def test_the_failure_shown_in_docs_audit_md_is_the_program_output(tmp_path, monkeypatch):
+    """docs/audit.md's `fmt audit half-scales` block cannot run in the console-example test
+    (it exits 1): it is checked here, on the fixture it names."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "audit.md").read_text()
+    block = page.split("$ fmt audit half-scales    # not run", 1)[1].split("\n", 1)[1]
+    expected = block.split("```", 1)[0]
+    deepseek(tmp_path / "half-scales", factor=0.5)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("audit", "half-scales", env={"COLUMNS": "80"})
+    assert result.exit_code == 1
+    lines = [line.rstrip() for line in result.stdout.rstrip().splitlines()]
+    assert lines == [line.rstrip() for line in expected.rstrip().splitlines()]
+    assert result.stderr == "Note: 2 checks failed (exit 1)\n"
