@@ -326,3 +326,139 @@ def test_fresh_process_reads_both_layouts(tmp_path):
     for key, exact in (("m.proj.weight", nv_exact), ("m.up.weight", pk_exact)):
         diff = np.abs(ref[key].astype(np.float64) - exact.astype(np.float32))
         assert found[key]["max_abs_error"] == pytest.approx(diff.max(), rel=1e-12)
+
+
+# -- written by compressed-tensors itself --------------------------------------------------
+
+LIBRARY_SCHEMES = ("NVFP4A16", "W4A16", "W4A16_ASYM", "W8A16", "W3A16")
+
+
+def library_checkpoint(folder, scheme: str, dtype, seed: int = 0):
+    """A one-Linear model quantized by compressed-tensors (its qparams from the library's
+    calculate_qparams / generate_gparam), compressed by ModelCompressor and saved as the
+    library saves it; returns the original weight and the library's decompression of it."""
+    torch = pytest.importorskip("torch")
+    ct = pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    from safetensors.torch import save_file
+
+    if not hasattr(ModelCompressor, "compress_model"):
+        pytest.skip(f"compressed-tensors {ct.__version__}: no ModelCompressor.compress_model")
+    torch.manual_seed(seed)
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(256, 64, bias=False, dtype=dtype)
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"group_0": preset_name_to_scheme(scheme, ["Linear"])}))
+    module, weight = model.proj, model.proj.weight.data
+    args = module.quantization_scheme.weights
+    glob = None
+    if hasattr(module, "weight_global_scale"):
+        glob = generate_gparam(weight.min(), weight.max())
+        module.weight_global_scale.data.copy_(glob)
+    groups = weight.unflatten(-1, (-1, args.group_size))
+    scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
+    module.weight_scale.data.copy_(scale)
+    if hasattr(module, "weight_zero_point"):
+        module.weight_zero_point.data.copy_(zero)
+    original = weight.clone()
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    compressor.update_config(str(folder))
+    compressor.decompress_model(model)
+    library = model.proj.weight.data.float().numpy()
+    return original.float().numpy(), library, model.proj.weight.dtype
+
+
+def exact_decoding(folder) -> np.ndarray:
+    """The stored tensors decoded here from the definition, in float64."""
+    from oracle import read_safetensors
+
+    tensors, _ = read_safetensors(folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    weights = config["config_groups"]["group_0"]["weights"]
+    scale = tensors["proj.weight_scale"].astype(np.float64)
+    if "proj.weight_global_scale" in tensors:
+        packed = tensors["proj.weight_packed"]
+        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
+        per = np.repeat(scale, weights["group_size"], axis=1)
+        return fp4_decoded(codes) * per / float(tensors["proj.weight_global_scale"][0])
+    bits, (rows, cols) = weights["num_bits"], tensors["proj.weight_shape"]
+    stream = [sum(int(w) << (32 * k) for k, w in enumerate(row.view(np.uint32)))
+              for row in tensors["proj.weight_packed"]]
+    mask = (1 << bits) - 1
+    q = np.array([[(s >> (i * bits)) & mask for i in range(cols)] for s in stream])
+    q -= 1 << (bits - 1)
+    col = np.arange(cols) // weights["group_size"]
+    zero = np.zeros(scale.shape)
+    if "proj.weight_zero_point" in tensors:
+        packed = tensors["proj.weight_zero_point"].T
+        zs = [sum(int(w) << (32 * k) for k, w in enumerate(r.view(np.uint32))) for r in packed]
+        zero = np.array([[(s >> (i * bits)) & mask for i in range(rows)] for s in zs]).T
+        zero = zero - (1 << (bits - 1))
+    return (q - zero[:, col]) * scale[:, col]
+
+
+@pytest.fixture(scope="module")
+def library_folders(tmp_path_factory):
+    import_torch = pytest.importorskip("torch")
+    pytest.importorskip("compressed_tensors")
+    found = {}
+    for scheme in LIBRARY_SCHEMES:
+        for dtype in (import_torch.bfloat16, import_torch.float32):
+            folder = tmp_path_factory.mktemp(f"{scheme}-{str(dtype)[6:]}")
+            found[scheme, str(dtype)[6:]] = (folder, *library_checkpoint(folder, scheme, dtype))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", LIBRARY_SCHEMES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_library_checkpoints(library_folders, scheme, dtype):
+    folder, original, library, library_dtype = library_folders[scheme, dtype]
+    (q,) = scanned(folder)
+    nvfp4 = scheme.startswith("NVFP4")
+    assert q.layout == ("compressed-tensors-nvfp4" if nvfp4 else "compressed-tensors-pack")
+    assert q.problems == [] and q.key == "proj.weight" and q.shape == (64, 256)
+    assert q.facts["config_scheme"] == ("nvfp4-pack-quantized" if nvfp4 else "pack-quantized")
+    assert q.facts["symmetric"] is (not scheme.endswith("ASYM"))
+    values = q.dequantize()
+    exact = exact_decoding(folder)
+    assert same_bits(values, exact.astype(np.float32))  # fmt = the exact decoding, rounded once
+    if str(library_dtype) == "torch.float32":  # the library decodes exactly: bit for bit
+        assert same_bits(library, values)
+    else:  # it rounds to bfloat16: within its rounding of the exact values
+        assert str(library_dtype) == "torch.bfloat16"
+        assert np.all(np.abs(library - exact) <= BF16_ROUNDING * np.abs(exact))
+    # and the dequantized weight is the original within the format's step
+    assert np.abs(values - original).max() <= np.abs(original).max() * (0.34 if nvfp4 else 0.2)
+
+
+@pytest.mark.slow
+def test_library_checkpoint_through_fmt(library_folders, tmp_path):
+    """fmt quantize DIR and fmt compare ORIG DIR in a fresh process: the dequantized tensor
+    is the original's name, and compare's error is the one against fmt's values."""
+    from oracle import write_safetensors as write
+
+    for scheme in ("NVFP4A16", "W4A16_ASYM"):
+        folder, original, _, _ = library_folders[scheme, "bfloat16"]
+        ref = tmp_path / scheme
+        ref.mkdir()
+        write(ref / "model.safetensors", {"proj.weight": original.astype(np.float32)})
+        done = run_fmt("quantize", folder, "--json")
+        assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+        assert [t["key"] for t in strict_loads(done.stdout)["tensors"]] == ["proj.weight"]
+        done = run_fmt("compare", ref, folder, "--json")
+        assert done.returncode == 0, done.stderr
+        (found,) = strict_loads(done.stdout)["tensors"]
+        values = exact_decoding(folder).astype(np.float32)
+        want = np.abs(original.astype(np.float64) - values).max()
+        assert found["max_abs_error"] == pytest.approx(want, rel=1e-12)

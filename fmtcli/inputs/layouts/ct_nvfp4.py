@@ -36,18 +36,18 @@ Detected from the tensors alone: ``weight_packed`` (uint8) beside ``weight_globa
 or a float8_e4m3fn ``weight_scale`` (compressed-tensors' MXFP4 has neither: E8M0 uint8
 scales, no global scale).  The config's group confirms (``facts["config_scheme"]``) and
 gives the group size.  Leading axes (stacked experts) are read row by row of the last
-axis.  The config helpers here (``config_entry``, ``module_of``) are ``ct_pack``'s too.
+axis.  The config helpers are ``ct_fp8``'s (``config_entry``: the config group of a module,
+by ``re:`` target or the first of the format).
 """
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 
 from fmtcli.base.dtypes import ITEMSIZES
 from fmtcli.base.errors import DataError
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, unpack_fp4, values_of
+from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "compressed-tensors-nvfp4"
@@ -67,64 +67,10 @@ RULE = ("weight_global_scale = 448 * 6 / amax (float32); weight_scale = float8_e
 FP4_MAX_TIMES_E4M3_MAX = 448.0 * 6.0
 
 
-# -- config.json (shared with ct_pack) -----------------------------------------------------
-
-def _groups(config: dict | None) -> list[tuple[str | None, dict, list]]:
-    if not isinstance(config, dict) or not isinstance(config.get("config_groups"), dict):
-        return []
-    top = config.get("format") if isinstance(config.get("format"), str) else None
-    found = []
-    for group in config["config_groups"].values():
-        if not isinstance(group, dict):
-            continue
-        fmt = group.get("format") if isinstance(group.get("format"), str) else top
-        weights = group.get("weights") if isinstance(group.get("weights"), dict) else {}
-        targets = group.get("targets") if isinstance(group.get("targets"), list) else []
-        found.append((fmt, weights, [t for t in targets if isinstance(t, str)]))
-    return found
-
-
-def _matches(module: str, targets: list[str]) -> bool:
-    for target in targets:
-        if target.startswith("re:"):
-            try:
-                if re.match(target[3:], module):
-                    return True
-            except re.error:
-                continue
-        elif target == module:
-            return True
-    return False
-
-
-def config_entry(config: dict | None, module: str, formats: tuple[str, ...]
-                 ) -> tuple[str | None, dict]:
-    """``(format, weights)`` of a compressed-tensors ``quantization_config`` for a module:
-    the group among ``formats`` whose target (a name or ``re:`` pattern) matches it, else
-    the first among ``formats``; else the top-level ``format`` and ``{}`` (None without a
-    config).  Class-name targets (``Linear``) cannot be matched from tensor names."""
-    groups = [g for g in _groups(config) if g[0] in formats]
-    for fmt, weights, targets in groups:
-        if _matches(module, targets):
-            return fmt, weights
-    if groups:
-        return groups[0][0], groups[0][1]
-    top = (config or {}).get("format")
-    return (top if isinstance(top, str) else None), {}
-
-
-def module_of(key: str, suffix: str) -> str | None:
-    """``a.b`` of ``a.b.<suffix>`` (``""`` for ``suffix`` itself), else None."""
-    if key == suffix:
-        return ""
-    return key[: -len(suffix) - 1] if key.endswith("." + suffix) else None
-
-
-def sibling(module: str, name: str) -> str:
-    return f"{module}.{name}" if module else name
-
+# -- helpers (shared with ct_pack) ------------------------------------------------------
 
 def int_setting(weights: dict, name: str, low: int, high: int) -> int | None:
+    """A config ``weights`` entry that is an int in ``low..high``, else None."""
     value = weights.get(name)
     return value if isinstance(value, int) and low <= value <= high else None
 

@@ -47,13 +47,8 @@ import numpy as np
 from fmtcli.base.dtypes import ITEMSIZES
 from fmtcli.base.errors import DataError, shown
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, values_of
-from fmtcli.inputs.layouts.ct_nvfp4 import (
-    config_entry,
-    int_setting,
-    module_of,
-    rows_of_lines,
-    sibling,
-)
+from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
+from fmtcli.inputs.layouts.ct_nvfp4 import int_setting, rows_of_lines
 from fmtcli.numerics.granularity import ScaleGroup
 
 NAME = "compressed-tensors-pack"
