@@ -409,3 +409,16 @@ def test_fmt_out_codes_beyond_the_format_s_bits_are_one_error_line(tmp_path):
     result = invoke("quantize", path)
     assert result.exit_code == 1 and "codes beyond float4_e2m1fn's 4 bits" in one_error_line(
         result.stderr)
+
+
+def test_fmt_out_nvfp4_blocks_whose_scale_is_inf_decode_to_zero_as_the_engine_makes_them(
+        tmp_path):
+    x = np.ones((2, 32), np.float32)
+    x[0, 0], x[1, 16:] = 1000, 1e-9  # the last block's E4M3 scale underflows: dead
+    np.save(tmp_path / "x.npy", x)
+    quantize_json(tmp_path / "x.npy", "--recipe", "nvfp4", "--out", tmp_path / "xq.npy")
+    quantize_json(tmp_path / "x.npy", "--recipe", "nvfp4", "--out", tmp_path / "q.safetensors")
+    (q,) = layouts.scan(load_path(str(tmp_path / "q.safetensors"), as_stored=True)).quantized
+    assert np.isinf(q.scales_reader()[1, 1])
+    got = q.dequantize()
+    assert np.array_equal(got, np.load(tmp_path / "xq.npy")) and not got[1, 16:].any()
