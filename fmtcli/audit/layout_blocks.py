@@ -61,10 +61,13 @@ def block_figures(q, budget: int = BUDGET) -> Blocks | None:
     return None
 
 
-def _row_blocks(q, length: int, budget: int) -> Blocks:
+def _row_blocks(q, length: int, budget: int) -> Blocks | None:
     rows, cols = q.matrix
     n_blocks = -(-cols // length)
-    grid = np.asarray(q.scales_reader(), dtype=np.float64).reshape(rows, -1)[:, :n_blocks]
+    grid = np.asarray(q.scales_reader(), dtype=np.float64)
+    if grid.size % max(1, rows) or grid.size // max(1, rows) < n_blocks:
+        return None  # not one scale per block of each row: a problem the readers report
+    grid = grid.reshape(rows, -1)[:, :n_blocks]
     per_chunk = max(1, min(rows, (1 << 16) // max(1, cols)))
     starts = np.arange(0, rows, per_chunk)
     picked = _spread(len(starts), max(1, budget // (per_chunk * max(1, cols))))
@@ -83,13 +86,16 @@ def _row_blocks(q, length: int, budget: int) -> Blocks:
     return _joined(parts, len(picked) < len(starts))
 
 
-def _tile_blocks(q, tile: tuple[int, int], budget: int) -> Blocks:
+def _tile_blocks(q, tile: tuple[int, int], budget: int) -> Blocks | None:
     rows, cols = q.matrix
     height = _height(q)
     per_matrix = -(-height // tile[0])
     n_cols = -(-cols // tile[1])
-    grid = np.asarray(q.scales_reader(), dtype=np.float64).reshape(-1, n_cols)
     strips = (rows // height) * per_matrix
+    grid = np.asarray(q.scales_reader(), dtype=np.float64)
+    if grid.size != strips * n_cols:
+        return None  # not one scale per tile: a problem the readers report
+    grid = grid.reshape(-1, n_cols)
     picked = _spread(strips, max(1, budget // (tile[0] * max(1, cols))))
     emax = ELEMENT_MAX[q.element]
     parts = []

@@ -136,7 +136,7 @@ def _headroom_check(q, scan, figures: dict) -> Check:
     return Check("global-scale", Verdict.OK,
                  f"{figures['convention']} direction: implied amax "
                  f"{figures['implied_amax']:.3g}, largest block scale "
-                 f"{headroom:.3g} of 448", figures)
+                 f"{headroom * 448:.4g} of FP8's 448", figures)
 
 
 def _per_expert(q, scan, role: str) -> np.ndarray | None:

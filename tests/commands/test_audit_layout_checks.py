@@ -103,6 +103,13 @@ def test_the_modelopt_global_scale_passes_and_its_inverse_fails(tmp_path):
     assert bad.figures["implied_amax_reciprocal"] == pytest.approx(np.abs(w).max(), rel=1e-6)
 
 
+def test_a_global_scale_neither_reading_explains_warns(tmp_path):
+    w = gaussian(2, (64, 256)) / 0.02 * 700  # amax ~2700: both readings ~2688
+    (q,), result = audit(tmp_path, nvfp4(w), MODELOPT)
+    found = check(q, result, "global-scale")
+    assert found.verdict is Verdict.WARN and "neither" in found.evidence
+
+
 def test_half_size_block_scales_fail(tmp_path):
     (q,), result = audit(tmp_path, nvfp4(gaussian(2, (64, 256)), block_factor=0.5), MODELOPT)
     found = check(q, result, "global-scale")
@@ -241,6 +248,17 @@ def test_gpt_oss_mxfp4_under_the_ocp_rule_passes(tmp_path):
     assert found.verdict is Verdict.OK and found.figures["rule"] == "unpublished"
 
 
+def test_gpt_oss_double_scales_fail(tmp_path):
+    w = gaussian(9, (4, 32, 256))
+    blocks = w.reshape(4, 32, 8, 32).astype(np.float64)
+    e = np.floor(np.log2(np.abs(blocks).max(-1))).astype(np.int32) - 1  # one binade up
+    codes = fp4_codes(blocks / np.ldexp(1.0, e)[..., None]).reshape(4, 32, 8, 32)
+    (q,), result = audit(tmp_path, {"m.blocks": pack(codes).astype(np.uint8),
+                                    "m.scales": (e + 127).astype(np.uint8)})
+    found = check(q, result, "mx-scale-rule")
+    assert found.verdict is Verdict.FAIL and found.figures["share_below_rule"] > 0.1
+
+
 # -- 4. per-expert scales -------------------------------------------------------------------
 
 def experts(tmp_path, shared: bool) -> tuple[list, Scan]:
@@ -260,6 +278,17 @@ def test_experts_sharing_one_global_scale_warn_once(tmp_path):
     assert found[1:] == [None, None]
     quantized, result = experts(tmp_path / "own", shared=False)
     assert check(quantized[0], result, "expert-scales").verdict is Verdict.OK
+
+
+def test_stacked_experts_with_one_global_scale_warn(tmp_path):
+    for shared, verdict in ((True, Verdict.WARN), (False, Verdict.OK)):
+        one = [nvfp4(gaussian(20 + i, (32, 64)) * (1 if shared else 1 + i)) for i in range(4)]
+        tensors = {k: np.stack([p[k] for p in one]) for k in one[0]}
+        if shared:
+            tensors["m.weight_scale_2"][:] = tensors["m.weight_scale_2"].max()
+        (q,), result = audit(tmp_path / str(shared), tensors, MODELOPT)
+        found = check(q, result, "expert-scales")
+        assert found.verdict is verdict and found.figures["global_scale_experts"] == 4
 
 
 # -- 5. scales the config promises ----------------------------------------------------------
@@ -346,8 +375,8 @@ def _library_folder(folder: Path, preset: str, w: np.ndarray) -> None:
     """A Linear quantized by compressed-tensors' preset (its calculate_qparams, with
     generate_gparam's global scale for NVFP4), compressed and saved as save_pretrained
     does.  Run with /tmp/ctcheck/bin/python -m pytest; skipped without the library."""
+    pytest.importorskip("compressed_tensors")  # first: importing torch alone takes seconds
     torch = pytest.importorskip("torch")
-    pytest.importorskip("compressed_tensors")
     try:
         from compressed_tensors.compressors import ModelCompressor
         from compressed_tensors.quantization import (
