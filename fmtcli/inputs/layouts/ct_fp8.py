@@ -126,10 +126,14 @@ def sibling(module: str, name: str) -> str:
 
 # -- the scale grid ------------------------------------------------------------------------
 
+def _side(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1 << 20
+
+
 def _block_of(weights: dict) -> tuple[int, int]:
     size = weights.get("block_structure")
     if (isinstance(size, list) and len(size) == 2
-            and all(isinstance(n, int) and 0 < n <= 1 << 20 for n in size)):
+            and all(_side(n) for n in size)):
         return int(size[0]), int(size[1])
     return DEFAULT_BLOCK
 
@@ -144,7 +148,7 @@ def strategies(shape: tuple[int, ...], weights: dict) -> dict[str, tuple]:
              "block": (lead + (-(-height // bh), -(-cols // bw)), (bh, bw),
                        ScaleGroup("tile", tile=(bh, bw)))}
     size = weights.get("group_size")
-    if isinstance(size, int) and 0 < size <= 1 << 20:
+    if _side(size):
         found["group"] = (lead + (height, -(-cols // size)), (1, size),
                           ScaleGroup("block", size))
     return found
@@ -168,7 +172,8 @@ def match_strategy(shape: tuple[int, ...], scale_shape: tuple[int, ...], weights
         fits.setdefault("tensor", table["tensor"][1:])
     if scale_shape == lead + (height,):
         fits.setdefault("channel", table["channel"][1:])
-    order = [weights.get("strategy"), "tensor", "channel", "block", "group"]
+    said = weights.get("strategy")
+    order = [said if isinstance(said, str) else None, "tensor", "channel", "block", "group"]
     for name in order:
         if name in fits:
             return name, *fits[name]
@@ -200,7 +205,8 @@ def claim(checkpoint: Checkpoint) -> list[Quantized]:
     found = []
     for key, codes in checkpoint.tensors.items():
         module = module_of(key, "weight")
-        if module is None or codes.dtype not in ELEMENTS or len(codes.shape) < 2:
+        if (module is None or codes.dtype not in ELEMENTS or len(codes.shape) < 2
+                or codes.size == 0):
             continue
         scales = checkpoint.get(sibling(module, "weight_scale"))
         if (scales is None or scales.dtype not in SCALE_DTYPES or codes.opener is None

@@ -72,7 +72,8 @@ def claim(checkpoint: Checkpoint) -> list[Quantized]:
         for suffix, dtype, element in (("weight", "float8_e4m3fn", "float8_e4m3fn"),
                                        ("weight_packed", "uint8", "float4_e2m1fn")):
             module = module_of(key, suffix)
-            if module is None or codes.dtype != dtype or codes.opener is None:
+            if (module is None or codes.dtype != dtype or codes.opener is None
+                    or codes.size == 0):
                 continue
             scales = checkpoint.get(sibling(module, "weight_scale"))
             if (scales is None or scales.dtype not in SCALE_DTYPES or scales.opener is None
@@ -103,13 +104,13 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales, element: str)
     shape, problems = _shape_problems(codes, scales, element)
     fmt, weights = config_entry(checkpoint.config, module, (KINDS[element][0],))
     size = weights.get("group_size")
-    if isinstance(size, int) and size != GROUP:
+    if isinstance(size, int) and not isinstance(size, bool) and size != GROUP:
         problems.append(f"config.json says group_size {size} for {module or 'the weight'}, "
                         f"not MX's {GROUP}")
     parts = {"codes": codes, "scales": scales}
     extra = checkpoint.get(sibling(module, "input_global_scale"))
     if extra is not None and extra.opener is not None:
-        parts["input_scale"] = extra
+        parts["input_global_scale"] = extra
     bits = KINDS[element][1]
     facts = {"scale_direction": DIRECTION, "config_scheme": fmt,
              "nominal_bits": bits + 8 / GROUP, "scale_rule": rule(element),
