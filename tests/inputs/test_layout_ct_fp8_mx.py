@@ -318,6 +318,44 @@ def test_a_truncated_file_is_one_error_line(tmp_path):
     assert_data_error(invoke("quantize", tmp_path), "model.safetensors")
 
 
+HOSTILE_CONFIGS = [
+    None, {"config_groups": 5}, {"config_groups": {"g": 5}},
+    {"format": "float-quantized", "config_groups": {"g": {
+        "weights": {"strategy": ["block"], "group_size": True, "block_structure": [0, -1]},
+        "targets": [3, "re:("]}}},
+    {"format": "mxfp8-quantized", "config_groups": {"g": {
+        "format": {}, "weights": {"strategy": {}, "group_size": 16}, "targets": "re:.*"}}}]
+HOSTILE_SHAPES = [((0, 32), (0, 1)), ((4, 0), (4, 0)), ((64, 64), ()), ((64, 64), (7, 7)),
+                  ((2, 64, 64), (2, 64, 2)), ((64, 64), (64, 2, 1)), ((64, 1), (64, 1))]
+
+
+def test_claiming_never_raises_whatever_the_shapes_and_config():
+    """Odd shapes and configs are left unclaimed or claimed with problems; reading a
+    group without problems works; nothing raises but a DataError on reading."""
+    from fmtcli.base.errors import DataError
+    from fmtcli.inputs.source import from_array
+
+    claimed, refused = 0, 0
+    for (shape, scale_shape), config in [(s, c) for s in HOSTILE_SHAPES
+                                         for c in HOSTILE_CONFIGS]:
+        for name, dtype, scale_dtype in (("weight", E4M3, np.float32),
+                                         ("weight", E4M3, np.uint8),
+                                         ("weight_packed", np.uint8, np.uint8)):
+            tensors = {f"a.{name}": np.zeros(shape, dtype),
+                       "a.weight_scale": np.ones(scale_shape, scale_dtype)}
+            sources = [from_array("m.safetensors", key, arr, arr.shape, arr.dtype)
+                       for key, arr in tensors.items()]
+            for q in scan(sources, config).quantized:
+                assert all("\n" not in p for p in q.problems)
+                claimed += 1
+                try:
+                    q.dequantize()
+                except DataError:
+                    assert q.problems, (shape, scale_shape, config)
+                    refused += 1
+    assert claimed > refused > 0
+
+
 def test_an_nvfp4_packed_weight_is_not_claimed_as_mx(tmp_path):
     """A weight_packed with a weight_global_scale is NVFP4's: left to its own reader."""
     w = weights(1, (64, 256))
