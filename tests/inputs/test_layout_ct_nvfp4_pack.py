@@ -233,12 +233,53 @@ def test_pack_older_packing_is_told_apart(tmp_path):
     assert same_bits(q.dequantize(), exact.astype(np.float32))
 
 
+def test_pack_stacked_experts_with_zero_points(tmp_path):
+    """E x O x I weights: packed per expert, zero points packed along each expert's rows."""
+    rng = np.random.default_rng(12)
+    experts = [pack_tensors(rng, bits=4, rows=6, cols=64, group=32, asym=True,
+                            scale_dtype=np.float16) for _ in range(3)]
+    tensors = {k: np.stack([t[k] for t, _ in experts]) for k in experts[0][0]}
+    tensors["m.proj.weight_shape"] = np.array([3, 6, 64], dtype=np.int64)
+    (q,) = scanned(write_checkpoint(tmp_path, tensors))
+    exact = np.concatenate([e for _, e in experts])
+    assert q.shape == (3, 6, 64) and q.problems == [] and q.facts["zero_point"] == "packed"
+    assert same_bits(q.read(slice(4, 15), slice(0, 64)), exact[4:15].astype(np.float32))
+
+
+def test_mixed_config_groups_by_target(tmp_path):
+    rng = np.random.default_rng(13)
+    nv, nv_exact = nvfp4_tensors(rng, module="m.attn")
+    pk, pk_exact = pack_tensors(rng, bits=8, module="m.mlp")
+    config = {"quantization_config": {"format": "mixed-precision", "config_groups": {
+        "a": {"targets": ["re:.*attn$"], "format": "nvfp4-pack-quantized",
+              "weights": {"num_bits": 4, "type": "float", "group_size": 16}},
+        "b": {"targets": ["re:.*mlp$"], "format": "pack-quantized",
+              "weights": {"num_bits": 8, "type": "int", "group_size": 128}}}}}
+    found = {q.key: q for q in scanned(write_checkpoint(tmp_path, {**nv, **pk}, config))}
+    assert found["m.attn.weight"].facts["config_scheme"] == "nvfp4-pack-quantized"
+    assert found["m.mlp.weight"].facts["config_scheme"] == "pack-quantized"
+    assert same_bits(found["m.attn.weight"].dequantize(), nv_exact.astype(np.float32))
+    assert same_bits(found["m.mlp.weight"].dequantize(), pk_exact.astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", [np.array([8, -256]), np.array([[8, 256]]),
+                                   np.array([8.0, 256.0]), np.array([8, 2 ** 62]),
+                                   np.arange(1, 20)])
+def test_hostile_weight_shape_is_a_problem(tmp_path, shape):
+    tensors, _ = pack_tensors(np.random.default_rng(14))
+    tensors["m.proj.weight_shape"] = shape
+    (q,) = scanned(write_checkpoint(tmp_path, tensors, ct_config("pack-quantized",
+                                                                  num_bits=4)))
+    assert q.problems and "weight_shape" in q.problems[0]
+    one_error_line(invoke("quantize", tmp_path), "weight_shape")
+
+
 # -- bad input: problems, and one Error: line ----------------------------------------------
 
 def nvfp4_broken(tensors: dict, what: str) -> dict:
     if what == "truncated packed":
         tensors["m.proj.weight_packed"] = tensors["m.proj.weight_packed"][:, :24].copy()
-    elif what == "half-size scales":
+    elif what == "half as many scales":
         tensors["m.proj.weight_scale"] = tensors["m.proj.weight_scale"][:, :2].copy()
     elif what == "no global scale":
         del tensors["m.proj.weight_global_scale"]
@@ -248,7 +289,7 @@ def nvfp4_broken(tensors: dict, what: str) -> dict:
 
 
 @pytest.mark.parametrize("what, fragment", [
-    ("truncated packed", "not [8, 3]"), ("half-size scales", "not [8, 4]"),
+    ("truncated packed", "not [8, 3]"), ("half as many scales", "not [8, 4]"),
     ("no global scale", "weight_global_scale is missing"),
     ("zero global scale", "not a positive number")])
 def test_nvfp4_bad_input(tmp_path, what, fragment):
