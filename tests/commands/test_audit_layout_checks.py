@@ -231,7 +231,7 @@ DEEPSEEK = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128
     (False, False, Verdict.FAIL, "not powers of two"),
 ])
 def test_deepseek_ue8m0_scales(tmp_path, bug, power_of_two, verdict, words):
-    w = gaussian(8, (256, 512)) * np.exp(np.random.default_rng(8).standard_normal((256, 1)))
+    w = gaussian(8, (512, 1024)) * np.exp(np.random.default_rng(8).standard_normal((512, 1)))
     (q,), result = audit(tmp_path, deepseek_ue8m0(w, bug, power_of_two), DEEPSEEK)
     found = check(q, result, "mx-scale-rule")
     assert found.verdict is verdict and words in found.evidence
