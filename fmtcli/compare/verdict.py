@@ -141,12 +141,11 @@ def judge_pair(ref: TensorSource, test: TensorSource, stats: CompareStats,
             x2 = _energy(a.sum_x2, a.sum_x2_big, a.sum_x2_tiny)
             e2 = math.inf if a.unbounded else _energy(a.sum_err2, a.sum_err2_big,
                                                       a.sum_err2_tiny)
-    verdict, reasons = judge(stats, own_sqnr, label)
+    verdict, reasons = judge(stats, own_sqnr)
     return Judgement(getattr(q, "layout", None), label, own_sqnr, verdict, reasons, x2, e2)
 
 
-def judge(stats: CompareStats, own_sqnr: float | None, label: str | None = None
-          ) -> tuple[str, tuple[str, ...]]:
+def judge(stats: CompareStats, own_sqnr: float | None) -> tuple[str, tuple[str, ...]]:
     """(``ok`` or ``flag``, the reasons): the rules of the module docstring."""
     reasons = []
     sqnr, cosine = stats.sqnr_db, stats.cosine
@@ -156,11 +155,9 @@ def judge(stats: CompareStats, own_sqnr: float | None, label: str | None = None
         reasons.append(f"cosine {cosine:.4f} < {COSINE_FLOOR}")
     if (own_sqnr is not None and math.isfinite(sqnr) and not math.isnan(own_sqnr)
             and own_sqnr - sqnr > SQNR_GAP_DB):
-        own_text = "inf" if own_sqnr == math.inf else f"{own_sqnr:.2f}"
-        reasons.append(f"SQNR {sqnr:.2f} dB, {own_sqnr - sqnr:.1f} dB below fmt's own "
-                       f"{label} ({own_text} dB)" if math.isfinite(own_sqnr) else
-                       f"SQNR {sqnr:.2f} dB where fmt's own {label} is lossless "
-                       f"({own_text} dB)")
+        reasons.append(f"SQNR {sqnr:.2f} dB: {own_sqnr - sqnr:.1f} dB below fmt's own "
+                       f"{own_sqnr:.2f} dB" if math.isfinite(own_sqnr) else
+                       f"SQNR {sqnr:.2f} dB where fmt's own is lossless (inf dB)")
     return (FLAG if reasons else OK), tuple(reasons)
 
 
