@@ -187,7 +187,7 @@ def test_the_facts_and_groups_of_each_scheme(tmp_path):
     result = scan(sources, read_config(str(tmp_path)))
     by_key = {q.key: q for q in result.quantized}
     want = {"fp8_tensor": ("compressed-tensors-fp8", "tensor", "float-quantized", 8.0),
-            "fp8_channel": ("compressed-tensors-fp8", "row", "naive-quantized", 8.0),
+            "fp8_channel": ("compressed-tensors-fp8", "row", "naive-quantized", 8.125),
             "fp8_group": ("compressed-tensors-fp8", "block:64", "float-quantized", 8.5),
             "fp8_block": ("compressed-tensors-fp8", "tile:128x128", "float-quantized",
                           8 + 32 / 128 ** 2),

@@ -237,7 +237,7 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales) -> Quantized:
                         f"{list(parts['zero_point'].shape)}, not its weight_scale's "
                         f"{list(scales.shape)}")
     bits = {"float32": 32, "float64": 64}.get(scales.dtype, 16)
-    per = tile[0] * tile[1] if strategy in ("block", "group") else 0
+    per = tile[0] * tile[1] if strategy != "tensor" else 0  # a row's scale: 1 x I
     facts = {"scale_direction": DIRECTION, "config_scheme": fmt, "strategy": strategy,
              "nominal_bits": 8.0 + (bits / per if per else 0.0), "scale_rule": RULE,
              "quant_method": (checkpoint.config or {}).get("quant_method"),
