@@ -188,6 +188,10 @@ fmt kv --out scales.json
 fmt kv --out scales.safetensors --granularity tensor
 fmt kv --granularity nosuch
 fmt kv --format fp16
+fmt audit model-deepseek-fp8
+fmt audit model-deepseek-fp8 --key 'layer.*' --strict
+fmt audit model.safetensors
+fmt audit missing.safetensors
 fmt --version
 fmt nosuchcommand
 """

@@ -31,10 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fmtcli.audit import checks as generic
-try:  # during development only: another helper writes it
-    from fmtcli.audit import layout_checks
-except ImportError:  # pragma: no cover
-    layout_checks = type("NoChecks", (), {"CHECKS": ()})
+from fmtcli.audit import layout_checks
 from fmtcli.audit.check import Check, Verdict
 from fmtcli.audit.stats import CodeStats, ValueStats, measure
 from fmtcli.base.choices import CHUNK_ELEMENTS

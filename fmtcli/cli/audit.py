@@ -33,13 +33,13 @@ def audit_command(
 ) -> None:
     """Check a quantized checkpoint: layout, scales, codes, bits per parameter.
 
-    Every tensor a layout reader claims (DeepSeek-V3 FP8, compressed-tensors FP8/MX/NVFP4/
-    INT pack, ModelOpt NVFP4, gpt-oss MXFP4, KV scales, fmt's own --out) is described
-    (layout, element, scale dtype, group, stored bits per parameter), its dequantized
-    values measured chunk by chunk (amax, rms, zeros, NaN/inf), and checked: structure,
-    scale count, dtype, finiteness, zeros and powers of two, clipping and lowest-code
-    groups, all-zero groups, bits against the layout's nominal, the scheme config.json
-    names, then the layout's own checks.  The rest is listed as plain data.  Exit 0 when
+    Every tensor a layout reader claims (DeepSeek-V3 FP8, compressed-tensors FP8, MX,
+    NVFP4 and INT pack, ModelOpt NVFP4, gpt-oss MXFP4, KV scales, fmt's own --out) is
+    described (layout, element, scale dtype, group, stored bits per parameter), its
+    dequantized values measured chunk by chunk (amax, rms, zeros, NaN/inf), and checked:
+    structure, scale count, dtype, finiteness, zeros and powers of two, clipping and
+    lowest-code groups, all-zero groups, bits against the layout's nominal, the scheme
+    config.json names, then the layout's own checks.  The rest is listed as plain data.  Exit 0 when
     no check fails (1 when one does; with --strict, a warning too).
     """
     from fmtcli.audit import audit_path

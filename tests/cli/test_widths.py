@@ -4,6 +4,7 @@ rich cropped silently, "6" for 6.757e-05, would miss its figure)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from cli_helpers import assert_fits, json_of, succeeds
 from report_files import bert_like
@@ -182,3 +183,46 @@ def test_the_loss_scale_histogram_shortens_its_bars_on_a_narrow_terminal(width):
     """Below 80 columns the bars get shorter rather than cut with an ellipsis."""
     out = table(width, "loss-scale", "--histogram")
     assert "█" in out and "log2|g| per binade" in out
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """DeepSeek-V3 FP8 folders (examples/make_example_files.deepseek_fp8) of the small
+    checkpoint (3 tensors) and of the BERT-like one (86: a summary by role)."""
+    import json
+
+    from report_files import example_files_module
+
+    from fmtcli.engine.writers import write_safetensors
+
+    examples = example_files_module()
+    directory = tmp_path_factory.mktemp("audit")
+    folders = {}
+    for name, tensors in (("small", examples.model_tensors()),
+                          ("bert", examples.bert_tensors())):
+        folder = directory / name
+        folder.mkdir()
+        plain = {k: v.astype(np.float32) if v.dtype == np.float64 else v
+                 for k, v in tensors.items()}
+        write_safetensors(str(folder / "model.safetensors"), examples.deepseek_fp8(plain))
+        (folder / "config.json").write_text(json.dumps({"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}))
+        folders[name] = folder
+    return folders
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("which", ["small", "bert", "bert-all"])
+def test_audit(width, which, quantized):
+    args = [quantized[which.split("-")[0]], *(["--all"] if which.endswith("all") else [])]
+    out = table(width, "audit", *args)
+    doc = json_of("audit", *args)
+    listed = doc["tensors"] if which != "bert" else []
+    assert_shown(out, *{f"{t['bits_per_param']:.3f}" for t in listed})
+    assert_shown(out, *{value_text(t["values"]["amax"], 3) for t in listed})
+    if which == "bert":
+        assert_shown(out, *{f"x{r['tensors']}" for r in doc["roles"][:5]})
+    totals = doc["totals"]
+    assert_shown(out, f"{totals['effective_bits_per_param']:.3f}",
+                 f"{totals['params']:,}", "Plain data")
