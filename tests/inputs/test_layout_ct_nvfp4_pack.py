@@ -168,6 +168,21 @@ def test_nvfp4_stacked_experts_and_input_scales(tmp_path):
     assert same_bits(q.read(slice(5, 11), slice(0, 48)), exact[5:11].astype(np.float32))
 
 
+def test_nvfp4_one_global_scale_per_stacked_matrix(tmp_path):
+    rng = np.random.default_rng(15)
+    experts = [nvfp4_tensors(rng, rows=4, cols=32, gs=gs) for gs in (100.0, 2000.0, 7.5)]
+    tensors = {k: np.stack([t[k] for t, _ in experts]) for k in experts[0][0]}
+    tensors["m.proj.weight_global_scale"] = tensors["m.proj.weight_global_scale"].reshape(3)
+    (q,) = scanned(write_checkpoint(tmp_path, tensors))
+    exact = np.concatenate([e for _, e in experts])
+    assert q.problems == [] and q.facts["global_scale"] == [100.0, 2000.0, 7.5]
+    assert q.facts["implied_amax"] == 2688 / 7.5
+    assert same_bits(q.read(slice(2, 11), slice(0, 32)), exact[2:11].astype(np.float32))
+    tensors["m.proj.weight_global_scale"] = np.ones(2, dtype=np.float32)
+    (q,) = scanned(write_checkpoint(tmp_path / "two", tensors))
+    assert "not one float32 (or one per stacked matrix)" in q.problems[0]
+
+
 def test_nvfp4_swapped_nibbles_read_differently(tmp_path):
     """A high-nibble-first file is not this layout's: the values fmt reads are the
     low-first decoding, which audit's checks (vs the original) catch."""
@@ -291,7 +306,7 @@ def nvfp4_broken(tensors: dict, what: str) -> dict:
 @pytest.mark.parametrize("what, fragment", [
     ("truncated packed", "not [8, 3]"), ("half as many scales", "not [8, 4]"),
     ("no global scale", "weight_global_scale is missing"),
-    ("zero global scale", "not a positive number")])
+    ("zero global scale", "holds 0.0, not a positive number")])
 def test_nvfp4_bad_input(tmp_path, what, fragment):
     tensors, _ = nvfp4_tensors(np.random.default_rng(4))
     folder = write_checkpoint(tmp_path, nvfp4_broken(tensors, what))

@@ -5,9 +5,10 @@ Definition (compressed-tensors 0.20.1, read in its source):
 - ``compressors/nvfp4/base.py`` (``NVFP4PackedCompressor``): a module's weight O x I is
   stored as ``weight_packed`` (uint8, O x I/2), ``weight_scale`` (float8_e4m3fn, or the
   scheme's ``scale_dtype``; O x I/16, one per group of 16 along the rows) and
-  ``weight_global_scale`` (float32, one value); ``weight_zero_point`` only for an
-  asymmetric scheme, ``input_global_scale`` for a static input scheme (kept here as the
-  part ``input_global_scale``; an ``input_scale`` beside it is kept too).
+  ``weight_global_scale`` (float32, one value; fmt also takes one per stacked matrix);
+  ``weight_zero_point`` only for an asymmetric scheme, ``input_global_scale`` for a static
+  input scheme (kept here as the part ``input_global_scale``; an ``input_scale`` beside it
+  is kept too).
 - ``compressors/nvfp4/helpers.py`` (``pack_fp4_to_uint8``, ``unpack_fp4_from_uint8``):
   FP4 E2M1 codes (sign bit 3, magnitude index 0-7 of 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per
   byte over the row-major flattened weight, the *low* nibble the even element
@@ -41,6 +42,8 @@ by ``re:`` target or the first of the format).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -128,24 +131,29 @@ def _checks(parts: dict, shape: tuple[int, ...], group: int) -> list[str]:
     glob = parts.get("global_scale")
     if glob is None:
         problems.append("its weight_global_scale is missing")
-    elif glob.size != 1 or glob.dtype not in FLOAT_DTYPES or glob.opener is None:
-        problems.append(f"{glob.key} is {glob.dtype} {list(glob.shape)}, not one float32")
+    elif (glob.size not in (1, math.prod(shape[:-2])) or glob.dtype not in FLOAT_DTYPES
+          or glob.opener is None):
+        problems.append(f"{glob.key} is {glob.dtype} {list(glob.shape)}, not one float32 "
+                        "(or one per stacked matrix)")
     return problems
 
 
-def _global(parts: dict, problems: list[str]) -> float | None:
-    """The global scale's value (None, with a problem, where it is unusable)."""
+def _global(parts: dict, problems: list[str]) -> np.ndarray | None:
+    """The global scale's values, float64, one or one per stacked matrix (None, with a
+    problem, where they are unusable)."""
     if problems or "global_scale" not in parts:
         return None
     try:
-        value = float(values_of(parts["global_scale"]).reshape(-1)[0])
+        values = np.asarray(values_of(parts["global_scale"]), dtype=np.float64).reshape(-1)
     except (DataError, ValueError, OSError) as error:
         problems.append(f"{parts['global_scale'].key} is unreadable: {error}")
         return None
-    if not np.isfinite(value) or value <= 0:
-        problems.append(f"{parts['global_scale'].key} is {value!r}, not a positive number")
+    bad = values[~(np.isfinite(values) & (values > 0))]
+    if bad.size:
+        problems.append(f"{parts['global_scale'].key} holds {float(bad[0])!r}, not a "
+                        "positive number")
         return None
-    return value
+    return values
 
 
 def _quantized(module: str, parts: dict, config: dict | None) -> Quantized:
@@ -165,8 +173,10 @@ def _quantized(module: str, parts: dict, config: dict | None) -> Quantized:
              "symmetric": "zero_point" not in parts,
              "zero_point": "none (symmetric)" if "zero_point" not in parts else "per group",
              "strategy": weights.get("strategy", "tensor_group"),
-             "global_scale": glob,
-             "implied_amax": None if glob is None else FP4_MAX_TIMES_E4M3_MAX / glob,
+             "global_scale": None if glob is None else (
+                 float(glob[0]) if glob.size == 1 else glob.tolist()),
+             "implied_amax": None if glob is None else float(
+                 FP4_MAX_TIMES_E4M3_MAX / glob.min()),
              "scale_rule": RULE}
     readers = _readers(parts, shape, group, glob) if not problems else {}
     key = f"{module}.weight" if module else "weight"
@@ -181,7 +191,7 @@ def _refuse(r0: int, r1: int) -> np.ndarray:
     raise DataError("unreadable quantized tensor")  # read() refuses with its problem first
 
 
-def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: float) -> dict:
+def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) -> dict:
     from fmtcli.inputs.storage import as_values
 
     width, n_groups = shape[-1], -(-shape[-1] // group)
@@ -205,7 +215,10 @@ def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: float) -> di
             zero = np.asarray(cache["zero"][a:b]).astype(np.float64)
             values -= np.repeat(zero, group, axis=1)[:, :width]
         values *= np.repeat(scale, group, axis=1)[:, :width]
-        values /= glob
+        if glob.size == 1:
+            values /= glob[0]
+        else:  # one per stacked matrix of shape[-2] last-axis rows
+            values /= glob[np.arange(a, b) // shape[-2]][:, None]
         return values.astype(np.float32)
 
     return {"rows": lambda r0, r1: rows_of_lines(dequantized, r0, r1, shape),
