@@ -28,14 +28,19 @@ Layouts, each from its own definition:
   the low nibble; ``<m>.weight_scale`` float8_e4m3fn [O, I/16]; ``<m>.weight_global_scale``
   float32 [1] = 448 * 6 / amax (``quantization/utils/helpers.py`` ``generate_gparam``:
   fmt's tensor scale ``g`` itself); ``x = code * (weight_scale / weight_global_scale)``.
-- ``modelopt-nvfp4`` (NVIDIA TensorRT Model Optimizer's unified Hugging Face export, as
-  vLLM's ``ModelOptNvFp4Config`` reads it): ``<m>.weight`` uint8 packed as above,
-  ``<m>.weight_scale`` float8_e4m3fn [O, I/16], ``<m>.weight_scale_2`` float32 [] =
-  amax / (6 * 448), here ``fl32(1 / g)``; ``x = code * weight_scale * weight_scale_2``;
-  ``hf_quant_config.json`` ``{"producer": ..., "quantization": {"quant_algo": "NVFP4",
-  "group_size": 16, "exclude_modules": [...], "kv_cache_quant_algo": null}}`` and the same
-  fields flat in ``config.json``'s ``quantization_config`` with ``"quant_method":
-  "modelopt"``.
+- ``modelopt-nvfp4`` (nvidia-modelopt 0.47.0's unified Hugging Face export:
+  ``torch/export/unified_export_hf.py``, ``quant_utils.py`` ``get_quant_config`` /
+  ``process_layer_quant_config``, ``convert_hf_config.py``
+  ``convert_hf_quant_config_format``; ``torch/quantization/qtensor/nvfp4_tensor.py``):
+  ``<m>.weight`` uint8 packed as above, ``<m>.weight_scale`` float8_e4m3fn [O, I/16],
+  ``<m>.weight_scale_2`` float32 [] = amax / (6 * 448), here ``fl32(1 / g)``;
+  ``x = code * weight_scale * weight_scale_2``; ``hf_quant_config.json`` ``{"producer":
+  ..., "quantization": {"quant_algo": "W4A16_NVFP4", "group_size": 16, "exclude_modules":
+  [...], "kv_cache_quant_algo": null}}`` (weights only: ModelOpt's ``NVFP4`` also
+  quantizes the activations, with an ``input_scale`` per layer) and, in ``config.json``,
+  what ``convert_hf_quant_config_format`` makes of it (``config_groups`` of the weights,
+  ``ignore``, ``quant_algo``, ``producer``, ``"quant_method": "modelopt"``).  The producer
+  is said as fmtcli, not modelopt.
 
 NVFP4's block scale ``d`` is recovered from the engine's per-block scale ``S = g / d``
 (float32) and ``g`` (the engine's first pass): ``d = e4m3(g / S)``, checked by
@@ -54,6 +59,9 @@ from fmtcli.numerics.schemes import ScaleFormat, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose config format is written
 NVFP4_GROUP = 16
+#: ModelOpt's name of NVFP4 weights without activation quantization (its "NVFP4" is W4A4,
+#: whose layers carry an input_scale fmt has no figure for)
+MODELOPT_ALGO = "W4A16_NVFP4"
 POWER_OF_TWO_RULES = (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST,
                       ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN,
                       ScaleRule.MX_RCEIL)
@@ -80,7 +88,7 @@ def check_scheme(layout: OutLayout, scheme: Scheme) -> str:
     if layout is OutLayout.MODELOPT_NVFP4:
         if not is_nvfp4(scheme):
             raise _mismatch(layout, scheme, Param("recipe", "nvfp4"))
-        return "NVFP4"
+        return MODELOPT_ALGO
     if layout is OutLayout.DEEPSEEK_FP8:
         if not (fp8 and weight_tile(scheme)):
             raise _mismatch(layout, scheme, Param("tile", "128x128"))
@@ -215,8 +223,11 @@ def quantization_config(layout: OutLayout, scheme: Scheme, ignored: list[str]) -
         if scheme.scale_rule in POWER_OF_TWO_RULES:
             config["scale_fmt"] = "ue8m0"
         return config
-    if layout is OutLayout.MODELOPT_NVFP4:
-        return {"quant_method": "modelopt", **modelopt_quantization(ignored)}
+    if layout is OutLayout.MODELOPT_NVFP4:  # convert_hf_quant_config_format's W4A16_NVFP4
+        group = {"targets": ["Linear"], "weights": {"dynamic": False, "group_size": NVFP4_GROUP,
+                                                    "num_bits": 4, "type": "float"}}
+        return {"config_groups": {"group_0": group}, "ignore": ignored, "producer": producer(),
+                "quant_algo": name, "quant_method": "modelopt"}
     group = {"format": name, "input_activations": None, "output_activations": None,
              "targets": ["Linear"], "weights": _ct_weights(scheme)}
     return {"config_groups": {"group_0": group}, "format": name,
@@ -227,9 +238,10 @@ def quantization_config(layout: OutLayout, scheme: Scheme, ignored: list[str]) -
 
 
 def modelopt_quantization(ignored: list[str]) -> dict:
-    """ModelOpt's ``hf_quant_config.json`` ``quantization`` entry for NVFP4 weights."""
+    """ModelOpt's ``hf_quant_config.json`` ``quantization`` entry for NVFP4 weights alone
+    (``quant_utils.process_layer_quant_config``)."""
     return {"exclude_modules": ignored, "group_size": NVFP4_GROUP,
-            "kv_cache_quant_algo": None, "quant_algo": "NVFP4"}
+            "kv_cache_quant_algo": None, "quant_algo": MODELOPT_ALGO}
 
 
 def producer() -> dict:

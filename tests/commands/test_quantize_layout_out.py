@@ -129,15 +129,22 @@ def test_a_folder_keeps_its_config_and_copies_what_is_not_a_linear_weight(tmp_pa
 
 
 def test_modelopt_writes_its_configs_and_packs_low_nibble_first(tmp_path):
+    """ModelOpt does not install here: the folder is decoded from its published definition
+    (nvidia-modelopt 0.47.0 ``NVFP4QTensor.dequantize``: the low nibble is the even column,
+    ``x = e2m1[code] * weight_scale * weight_scale_2``), exactly in float64, and its configs
+    are what ``get_quant_config`` / ``convert_hf_quant_config_format`` write for NVFP4
+    weights alone."""
     one = _one(tmp_path, 32, 64)
     succeeds("quantize", one, "--recipe", "nvfp4", "--out", tmp_path / "x.npy")
     succeeds("quantize", one, "--recipe", "nvfp4", "--out", tmp_path / "out", "--layout",
              "modelopt-nvfp4")
     hf = json.loads((tmp_path / "out" / "hf_quant_config.json").read_text())
-    assert hf["quantization"]["quant_algo"] == "NVFP4"
-    assert hf["quantization"]["group_size"] == 16
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "modelopt"
+    assert hf["quantization"] == {"quant_algo": "W4A16_NVFP4", "group_size": 16,
+                                  "kv_cache_quant_algo": None, "exclude_modules": []}
+    quant = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert (quant["quant_method"], quant["quant_algo"]) == ("modelopt", "W4A16_NVFP4")
+    assert quant["config_groups"]["group_0"]["weights"] == {
+        "dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
     t = {s.key: s for s in load_safetensors(str(tmp_path / "out" / "model.safetensors"))}
     packed = t["w.weight"].stored()
     scale = t["w.weight_scale"].stored().astype(np.float64)  # float8_e4m3fn values
