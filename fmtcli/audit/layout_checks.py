@@ -13,7 +13,8 @@ generic checks.  Thresholds and their reasons: docs/audit_layout_checks.md.
   Both exporters map the tensor's amax block to the FP8 maximum (its block scale is 448);
   the largest block scale over 448 (``headroom``) is therefore ~1 for the tensor that set
   the global and below 1 only where a global is shared (fused q/k/v, gate/up): ``fail``
-  when no tensor of the input reaches ``HALF_SIZE`` (half-size block scales).
+  when no tensor of the input reaches ``HALF_SIZE`` (half-size block scales), or one of
+  stacked experts with their own global scales stays under it.
 - ``expert-scales``: stacked (E x ...) or numbered (``experts.<i>.``) experts whose
   per-expert global scales are all identical (``warn``: one amax for all, or uncalibrated
   experts; compressed-tensors falls back to 1.0 for those), input scales reported.
@@ -66,13 +67,20 @@ def _global(q) -> tuple[np.ndarray, bool] | None:
     return stored, convention == "modelopt"
 
 
-def _headroom(q) -> float:
-    """The largest block scale (decoded, before the global) over FP8's max, 448."""
+def _headrooms(q, matrices: int = 1) -> np.ndarray:
+    """The largest block scale (decoded, before the global) over FP8's max, 448, of each
+    of ``matrices`` equal parts of the scales (stacked experts with their own globals)."""
     scales = np.asarray(q.scales_reader(), dtype=np.float64) if q.scales_reader else None
-    if scales is None or not scales.size:
-        return float("nan")
-    finite = scales[np.isfinite(scales)]
-    return float(finite.max()) / 448.0 if finite.size else float("nan")
+    if scales is None or not scales.size or scales.size % matrices:
+        return np.array([float("nan")])
+    scales = np.where(np.isfinite(scales), scales, -np.inf).reshape(matrices, -1)
+    best = scales.max(axis=1) / 448.0
+    return np.where(np.isfinite(best), best, np.nan)
+
+
+def _headroom(q) -> float:
+    per = _headrooms(q)
+    return float("nan") if np.all(np.isnan(per)) else float(np.nanmax(per))
 
 
 def _input_headroom(scan) -> float:
@@ -100,12 +108,16 @@ def global_scale(q, scan) -> Check | None:
     lo, hi = PLAUSIBLE_AMAX
     stored_ok = (amax_stored >= lo) & (amax_stored <= hi)
     other_ok = (amax_other >= lo) & (amax_other <= hi)
-    headroom = _headroom(q)
+    per = _headrooms(q, stored.size) if len(q.shape) >= 3 and stored.size == q.shape[0] \
+        else _headrooms(q)
+    headroom = float(np.nanmax(per)) if not np.all(np.isnan(per)) else float("nan")
     figures = {"convention": q.facts.get("global_scale_convention"),
                "implied_amax": float(amax_stored.max()),
                "implied_amax_reciprocal": float(amax_other.max()),
                "plausible_amax": list(PLAUSIBLE_AMAX), "headroom": headroom,
                "half_size_threshold": HALF_SIZE}
+    if per.size > 1:
+        figures["expert_headroom_min"] = float(np.nanmin(per))
     if np.any(~stored_ok & other_ok):
         return Check("global-scale", Verdict.FAIL,
                      f"the global scale looks inverted: as stored it implies amax "
@@ -125,6 +137,10 @@ def _headroom_check(q, scan, figures: dict) -> Check:
         return Check("global-scale", Verdict.FAIL, f"a block scale is {headroom:.3g}x "
                      "FP8's max 448: the block scales were not scaled by the global",
                      figures)
+    if figures.get("expert_headroom_min", 1.0) < HALF_SIZE:
+        return Check("global-scale", Verdict.FAIL, "an expert's block scales reach at most "
+                     f"{figures['expert_headroom_min']:.3g} of 448 under its own global "
+                     "scale: half-size block scales", figures)
     if headroom < HALF_SIZE:
         best = _cached(scan, "headroom", lambda: _input_headroom(scan))
         figures = {**figures, "input_headroom": best}

@@ -116,6 +116,16 @@ def test_half_size_block_scales_fail(tmp_path):
     assert found.verdict is Verdict.FAIL and "half-size" in found.evidence
 
 
+def test_one_stacked_expert_with_half_size_block_scales_fails(tmp_path):
+    one = [nvfp4(gaussian(30 + i, (32, 64)) * (1 + i), block_factor=0.5 if i == 2 else 1)
+           for i in range(4)]
+    (q,), result = audit(tmp_path, {k: np.stack([p[k] for p in one]) for k in one[0]},
+                         MODELOPT)
+    found = check(q, result, "global-scale")
+    assert found.verdict is Verdict.FAIL and "an expert's" in found.evidence
+    assert found.figures["headroom"] == pytest.approx(1, abs=0.07)
+
+
 def ct_nvfp4(w: np.ndarray, invert: bool = False) -> dict:
     """nvfp4-pack-quantized tensors (compressed-tensors generate_gparam /
     calculate_qparams: weight_global_scale = 2688 / amax, weight_scale =
