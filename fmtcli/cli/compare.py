@@ -56,7 +56,10 @@ def compare_command(
     x the reference, y the test.  Checkpoints are matched by tensor name, and by file and
     name (a.pt:w) where a folder's files repeat a name (tensors on one side only are
     listed on stderr); shapes (and dtypes, unless --any-dtype) must agree.  More than 8
-    tensors: a summary by role, worst (lowest SQNR) first.
+    tensors: a summary by role, worst (lowest SQNR) first.  A side that is an
+    already-quantized checkpoint (a layout fmt audit lists) is read dequantized, and each
+    tensor gets a verdict beside fmt's own quantization of REF in the same element format
+    and granularity: flagged at cosine < 0.99 or SQNR more than 6 dB below fmt's own.
     """
     from fmtcli.compare import compare_files
 

@@ -22,7 +22,9 @@ The verdict (``judge``) flags the failures of an exporter that ModelOpt issue #2
 wrong scale makes (a half-size scale halves every value: the cosine stays ~1, the SQNR
 falls to 6 dB):
 
-- ``cosine < COSINE_FLOOR`` (0.99), or
+- ``cosine < COSINE_FLOOR`` (0.99) where fmt's own reaches 0.99 (its cosine estimated from
+  its SQNR, ``own_cosine``: a format too coarse for these values, fmt's own under 0.99
+  too, leaves the judgement to the SQNR rule; healthy 4-bit exports sit near 0.993), or
 - the exported SQNR more than ``SQNR_GAP_DB`` (6 dB) below fmt's own of the same tensor:
   an error energy four times fmt's own (twice its RMS error).  An exporter that uses the
   same amax rule lands within a fraction of a dB of fmt's own; one that searches its
@@ -125,24 +127,34 @@ def judge_pair(ref: TensorSource, test: TensorSource, stats: CompareStats,
     q = test.quantized if test.quantized is not None else ref.quantized
     own_sqnr, label = None, None
     x2, e2 = acc.cross["sum_x2"], acc.cross["sum_e2"]
-    if q is not None:
-        original = ref if test.quantized is not None else test
-        scheme = own_scheme(q)
-        if scheme is not None:
-            from fmtcli.engine.run import quantize_tensor
-
-            runs, _ = quantize_tensor(original, [scheme], **options)
-            run = runs[0]
-            own = run.stats()
-            own_sqnr = own.sqnr_db
-            label = own.scheme.label if own.scheme.recipe else \
-                f"{own.scheme.format.name} {own.scheme.label}"
-            a = run.acc
-            x2 = _energy(a.sum_x2, a.sum_x2_big, a.sum_x2_tiny)
-            e2 = math.inf if a.unbounded else _energy(a.sum_err2, a.sum_err2_big,
-                                                      a.sum_err2_tiny)
+    run = None if q is None else _own_run(ref if test.quantized is not None else test, q,
+                                          options)
+    if run is not None:
+        own = run.stats()
+        own_sqnr = own.sqnr_db
+        label = own.scheme.label if own.scheme.recipe else \
+            f"{own.scheme.format.name} {own.scheme.label}"
+        a = run.acc
+        x2 = _energy(a.sum_x2, a.sum_x2_big, a.sum_x2_tiny)
+        e2 = math.inf if a.unbounded else _energy(a.sum_err2, a.sum_err2_big,
+                                                  a.sum_err2_tiny)
     verdict, reasons = judge(stats, own_sqnr)
     return Judgement(getattr(q, "layout", None), label, own_sqnr, verdict, reasons, x2, e2)
+
+
+def _own_run(original: TensorSource, q, options: dict):
+    """fmt's own ``SchemeRun`` of the original under ``own_scheme(q)``, or None (no such
+    scheme, or one the engine refuses for this tensor)."""
+    scheme = own_scheme(q)
+    if scheme is None:
+        return None
+    from fmtcli.engine.run import quantize_tensor
+
+    try:
+        runs, _ = quantize_tensor(original, [scheme], **options)
+    except FmtError:
+        return None
+    return runs[0]
 
 
 def judge(stats: CompareStats, own_sqnr: float | None) -> tuple[str, tuple[str, ...]]:
@@ -152,13 +164,26 @@ def judge(stats: CompareStats, own_sqnr: float | None) -> tuple[str, tuple[str, 
     if sqnr == -math.inf:
         reasons.append("non-finite values where the original is finite")
     elif cosine < COSINE_FLOOR:  # NaN (an all-zero side) is not judged
-        reasons.append(f"cosine {cosine:.4f} < {COSINE_FLOOR}")
+        reach = own_cosine(own_sqnr)
+        if reach is None or reach >= COSINE_FLOOR:
+            shown_reach = "" if reach is None else \
+                f" (fmt's own reaches {math.floor(reach * 1e4) / 1e4:.4f})"
+            reasons.append(f"cosine {cosine:.4f} < {COSINE_FLOOR}{shown_reach}")
     if (own_sqnr is not None and math.isfinite(sqnr) and not math.isnan(own_sqnr)
             and own_sqnr - sqnr > SQNR_GAP_DB):
         reasons.append(f"SQNR {sqnr:.2f} dB: {own_sqnr - sqnr:.1f} dB below fmt's own "
                        f"{own_sqnr:.2f} dB" if math.isfinite(own_sqnr) else
                        f"SQNR {sqnr:.2f} dB where fmt's own is lossless (inf dB)")
     return (FLAG if reasons else OK), tuple(reasons)
+
+
+def own_cosine(own_sqnr: float | None) -> float | None:
+    """The cosine fmt's own quantization reaches, from its SQNR: 1 / sqrt(1 + 10^(-SQNR/10))
+    (exact where its error is uncorrelated with x, as round-to-nearest's is to within its
+    sums' rounding); None without fmt's own."""
+    if own_sqnr is None or math.isnan(own_sqnr):
+        return None
+    return 1 / math.sqrt(1 + 10 ** (-own_sqnr / 10)) if own_sqnr > -300 else 0.0
 
 
 def merged(judgements: list[Judgement]) -> tuple[float | None, int]:

@@ -61,8 +61,8 @@ LOGIT_HEADERS = ["KL mean", "KL p99", "KL max", "top-1", "top-5", "SQNR dB"]
 JUDGED_HEADERS = ["SQNR dB", "fmt dB", "cosine", "calc_diff", "rel Frob", "max abs",
                   "verdict"]
 JUDGED_CAPTION = ("fmt dB: fmt's own quantization of REF in the layout's element format and "
-                  "granularity; verdict flag: cosine < 0.99, or SQNR more than 6 dB below "
-                  "fmt's own")
+                  "granularity; verdict flag: cosine < 0.99 (where fmt's own reaches it), or "
+                  "SQNR more than 6 dB below fmt's own")
 
 
 def _verdict_cell(flagged: int | None, tensors: int = 1) -> str:

@@ -241,7 +241,13 @@ def test_judge_rules():
     assert judge(replace(base, sqnr_db=30.0, cosine=0.999), 36.1)[0] == "flag"
     assert judge(replace(base, sqnr_db=40.0, cosine=0.999), 20.0)[0] == "ok"  # better
     verdict, reasons = judge(replace(base, sqnr_db=30.0, cosine=0.98), None)
-    assert verdict == "flag" and reasons[0].startswith("cosine 0.9800")
+    assert verdict == "flag" and reasons == ("cosine 0.9800 < 0.99",)
+    # fmt's own at 25 dB reaches a cosine of 1 / sqrt(1 + 10**-2.5) = 0.99842...
+    verdict, reasons = judge(replace(base, sqnr_db=22.0, cosine=0.98), 25.0)
+    assert verdict == "flag" and reasons == ("cosine 0.9800 < 0.99 (fmt's own reaches "
+                                             "0.9984)",)
+    # a format too coarse for the values: fmt's own at 15 dB reaches 0.984 only
+    assert judge(replace(base, sqnr_db=14.0, cosine=0.98), 15.0) == ("ok", ())
     assert judge(replace(base, sqnr_db=-math.inf, cosine=math.nan), 20.0)[0] == "flag"
     assert judge(replace(base, sqnr_db=math.nan, cosine=math.nan), None) == ("ok", ())
 
