@@ -356,6 +356,27 @@ def test_claiming_never_raises_whatever_the_shapes_and_config():
     assert claimed > refused > 0
 
 
+@pytest.mark.parametrize("config", [True, False], ids=["config", "tensors-only"])
+def test_mxfp6_is_recognised_and_refused_in_one_line(tmp_path, config):
+    """mxfp6-pack-quantized (4 E2M3 codes in 3 bytes: [O, 3I/4] beside [O, I/32] scales)
+    is not read as MXFP4: a problem, one Error: line."""
+    rng = np.random.default_rng(2)
+    write_safetensors(tmp_path / "model.safetensors", {
+        "m.weight_packed": rng.integers(0, 256, (64, 192)).astype(np.uint8),
+        "m.weight_scale": np.full((64, 8), 120, np.uint8)})
+    if config:
+        (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+            "quant_method": "compressed-tensors", "format": "mxfp6-pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights_args(
+                "group", num_bits=6, group_size=32, scale_dtype="torch.uint8")}}}}))
+    sources = load_path(str(tmp_path), as_stored=True)
+    (q,) = scan(sources, read_config(str(tmp_path))).quantized
+    assert q.element == "float6_e2m3fn" and q.shape == (64, 256)
+    assert q.problems == ["m.weight_packed is MXFP6 (mxfp6-pack-quantized: 4 E2M3 codes in "
+                          "3 bytes), a layout fmt does not read"]
+    one_error_line(invoke("quantize", tmp_path), "MXFP6")
+
+
 def test_an_nvfp4_packed_weight_is_not_claimed_as_mx(tmp_path):
     """A weight_packed with a weight_global_scale is NVFP4's: left to its own reader."""
     w = weights(1, (64, 256))
@@ -369,10 +390,12 @@ def test_an_nvfp4_packed_weight_is_not_claimed_as_mx(tmp_path):
 
 # -- (2) the real library: its own quantization, compression, saving and decompression ----
 
-def _ct_folder(folder: Path, preset: str, shape, dtype_name: str) -> None:
+def _ct_folder(folder: Path, preset: str, shape, dtype_name: str,
+               weights_only: bool = False) -> None:
     """A Linear quantized with compressed-tensors' preset scheme: the scales by the
     library's calculate_qparams from the weight's min/max per strategy, compressed by
-    ModelCompressor and saved as save_pretrained saves it (safetensors + update_config)."""
+    ModelCompressor and saved as save_pretrained saves it (safetensors + update_config).
+    ``weights_only``: the preset's weights without its input scheme (naive-quantized)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("compressed_tensors")
     try:  # the API of 0.20.1; a version without it is skipped, not failed
@@ -398,7 +421,10 @@ def _ct_folder(folder: Path, preset: str, shape, dtype_name: str) -> None:
     with torch.no_grad():
         model.proj.weight.copy_(torch.from_numpy(weights(7, shape)))
     model.to(getattr(torch, dtype_name))
-    scheme = QuantizationScheme(targets=["Linear"], **PRESET_SCHEMES[preset])
+    preset_args = dict(PRESET_SCHEMES[preset])
+    if weights_only:
+        preset_args = {"weights": preset_args["weights"]}
+    scheme = QuantizationScheme(targets=["Linear"], **preset_args)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}))
     module, args = model.proj, model.proj.quantization_scheme.weights
     w = module.weight.data
@@ -461,6 +487,7 @@ def _exact_fp8(folder: Path) -> np.ndarray:
 
 
 ORACLE = {"FP8": ("tensor", "bfloat16"), "FP8_DYNAMIC": ("row", "bfloat16"),
+          "FP8_DYNAMIC-weights": ("row", "bfloat16"),  # naive-quantized
           "FP8_BLOCK": ("tile:128x128", "bfloat16"),
           "FP8_BLOCK-float32": ("tile:128x128", "float32"),
           "MXFP8": ("block:32", "bfloat16"), "MXFP4": ("block:32", "bfloat16"),
@@ -473,7 +500,7 @@ def test_the_library_s_own_checkpoints_against_its_decompression(tmp_path, case)
     preset = case.partition("-")[0]
     group, dtype_name = ORACLE[case]
     folder = tmp_path / "ct"
-    _ct_folder(folder, preset, (192, 320), dtype_name)
+    _ct_folder(folder, preset, (192, 320), dtype_name, case.endswith("-weights"))
     sources = load_path(str(folder), as_stored=True)
     (q,) = scan(sources, read_config(str(folder))).quantized
     assert q.key == "proj.weight" and q.group.spelling == group and not q.problems
@@ -494,3 +521,11 @@ def test_the_library_s_own_checkpoints_against_its_decompression(tmp_path, case)
     assert np.array_equal(theirs, rounded)  # the library: the exact value in its dtype
     relative = np.abs(theirs - exact) / np.maximum(np.abs(exact), 1e-300)
     assert relative.max() <= (2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -24)
+
+
+@pytest.mark.slow
+def test_the_library_s_mxfp6_is_recognised_and_refused(tmp_path):
+    _ct_folder(tmp_path / "ct", "MXFP6A16", (64, 256), "bfloat16")
+    sources = load_path(str(tmp_path / "ct"), as_stored=True)
+    (q,) = scan(sources, read_config(str(tmp_path / "ct"))).quantized
+    assert q.element == "float6_e2m3fn" and q.shape == (64, 256) and "MXFP6" in q.problems[0]

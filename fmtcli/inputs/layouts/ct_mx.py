@@ -54,16 +54,17 @@ REFERENCE = ("compressed-tensors 0.20.1: compressors/mxfp8/base.py, compressors/
 GROUP = 32
 SCALE_DTYPES = ("uint8", "float8_e8m0fnu")
 DIRECTION = "dequantization (x = code * scale)"
-KINDS = {  # element: (format, element bits, the exponent offset of the scale rule)
-    "float8_e4m3fn": ("mxfp8-quantized", 8, 8),
-    "float4_e2m1fn": ("mxfp4-pack-quantized", 4, 2),
+KINDS = {  # element: (format, element bits, the rule's exponent offset, its round-up point)
+    "float8_e4m3fn": ("mxfp8-quantized", 8, 8, "1.75"),
+    "float4_e2m1fn": ("mxfp4-pack-quantized", 4, 2, "1.75"),
+    "float6_e2m3fn": ("mxfp6-pack-quantized", 6, 2, "1.9375"),  # recognised, not read
 }
 
 
 def rule(element: str) -> str:
-    offset = KINDS[element][2]
+    _, _, offset, point = KINDS[element]
     return (f"E8M0 exponent = floor(log2 amax) - {offset}, +1 when amax's significand is "
-            ">= 1.75 (compressed-tensors generate_mx_scales), clamped to [0, 255]")
+            f">= {point} (compressed-tensors generate_mx_scales), clamped to [0, 255]")
 
 
 def claim(checkpoint: Checkpoint) -> list[Quantized]:
@@ -100,8 +101,21 @@ def _shape_problems(codes, scales, element: str) -> tuple[tuple[int, ...], list[
     return shape, problems
 
 
+def _is_mxfp6(checkpoint: Checkpoint, module: str, codes, scales) -> bool:
+    """A ``weight_packed`` of MXFP6 (``compressors/mxfp6``: 4 E2M3 codes in 3 bytes, [O,
+    3I/4]), by its config or by its 24 bytes per E8M0 scale."""
+    fmt, _ = config_entry(checkpoint.config, module, ("mxfp6-pack-quantized",))
+    packed, grid = tuple(codes.shape), tuple(scales.shape)
+    return fmt == "mxfp6-pack-quantized" or (
+        len(packed) >= 2 and grid[:-1] == packed[:-1] and packed[-1] == 24 * grid[-1])
+
+
 def _quantized(checkpoint: Checkpoint, module: str, codes, scales, element: str) -> Quantized:
     shape, problems = _shape_problems(codes, scales, element)
+    if element == "float4_e2m1fn" and _is_mxfp6(checkpoint, module, codes, scales):
+        element, shape = "float6_e2m3fn", tuple(codes.shape[:-1]) + (codes.shape[-1] * 4 // 3,)
+        problems = [f"{codes.key} is MXFP6 (mxfp6-pack-quantized: 4 E2M3 codes in 3 "
+                    "bytes), a layout fmt does not read"]
     fmt, weights = config_entry(checkpoint.config, module, (KINDS[element][0],))
     size = weights.get("group_size")
     if isinstance(size, int) and not isinstance(size, bool) and size != GROUP:
