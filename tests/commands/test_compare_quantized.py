@@ -337,3 +337,36 @@ def test_whole_array_of_a_dequantized_source(files):
     assert np.array_equal(whole, codes.astype(np.float32) * scales)
     casts, fast = route(source, [build_scheme()], "numpy", "cpu", False)
     assert fast == [False]
+
+
+def test_a_scale_grid_of_the_wrong_shape_is_one_error_line(files, tmp_path):
+    codes, grid = deepseek_fp8(files.weights[DOWN])
+    write_folder(tmp_path / "q", {DOWN: codes, DOWN + "_scale_inv": grid[:1]})
+    result = invoke("compare", files.orig, tmp_path / "q", "--key", DOWN)
+    assert result.exit_code == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "_scale_inv has shape [1, 3], not [2, 3]" in errors[0]
+
+
+def test_summary_by_role_with_verdicts(tmp_path):
+    rng = np.random.default_rng(9)
+    weights = {f"model.layers.{i}.mlp.{p}.weight": (rng.standard_normal((128, 128)) * 0.02
+                                                   ).astype(np.float32)
+               for i in range(5) for p in ("up_proj", "down_proj")}
+    write_folder(tmp_path / "orig", weights, None)
+    stored = {}
+    for key, w in weights.items():
+        codes, grid = deepseek_fp8(w, 0.5 if key == "model.layers.3.mlp.down_proj.weight"
+                                   else 1.0)
+        stored[key], stored[key + "_scale_inv"] = codes, grid
+    write_folder(tmp_path / "fp8", stored)
+    doc = json_of("compare", tmp_path / "orig", tmp_path / "fp8")
+    roles = {r["pattern"]: r for r in doc["roles"]}
+    assert roles["model.layers.*.mlp.down_proj.weight"]["flagged"] == 1
+    assert roles["model.layers.*.mlp.up_proj.weight"]["flagged"] == 0
+    assert doc["flagged"] == 1
+    for width in (80, 120):
+        out = succeeds("compare", tmp_path / "orig", tmp_path / "fp8",
+                       env={"COLUMNS": str(width)}).stdout
+        assert_fits(out, width)
+        assert "1 FLAG" in out and "Flagged (1 of 10 tensors)" in out
