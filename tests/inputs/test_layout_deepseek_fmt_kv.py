@@ -257,6 +257,7 @@ def test_fmt_out_codes_and_scales_decode_to_the_engine_x_q_bit_for_bit(matrix, t
     assert [q.key for q in found] == ["x"] and not found[0].problems
     q = found[0]
     assert q.layout == "fmt-out" and q.facts["scale_direction"].startswith("quantization")
+    assert q.facts["nominal_bits"] == pytest.approx(q.bits_per_param)  # ragged tiles too
     expected = np.load(values)
     got = q.dequantize()
     assert got.dtype == np.float32 and got.shape == expected.shape
@@ -358,8 +359,9 @@ def test_kv_scales_per_tensor_and_per_head_and_fmt_quantize_skips_them(tmp_path)
     path = kv_checkpoint(tmp_path / "m.safetensors", 0.02, [0.01, 0.02, 0.04, 0.08])
     found = {q.facts["stream"]: q for q in
              layouts.scan(load_path(str(path), as_stored=True)).quantized}
-    assert found["k"].group.spelling == "tensor" and found["k"].facts["heads"] is None
-    assert found["v"].group.spelling == "head" and found["v"].facts["heads"] == 4
+    assert found["k"].facts["granularity"] == "tensor" and found["k"].facts["heads"] is None
+    assert found["v"].facts["granularity"] == "head" and found["v"].facts["heads"] == 4
+    assert found["k"].group.spelling == "tensor" and found["v"].group.block == 1
     assert found["k"].facts["layer"] == 0 and not found["k"].problems
     with pytest.warns(LayoutNote, match="2 scale tensors without codes"):
         keys = [s.key for s in load_path(str(path))]

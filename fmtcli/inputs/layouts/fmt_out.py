@@ -190,8 +190,13 @@ def _facts(entry: dict | None, spec, codes, scales) -> dict:
     per_scale = max(1, tile[0] * tile[1])
     facts.update(config_scheme=scheme.get("label"), tile=list(tile), scheme=scheme,
                  scale_rule=f"{scheme.get('scale_rule')} (margin {scheme.get('margin')})")
+    # what the file stores by design for this shape: the codes' width and one scale per
+    # tile of the matrix view (a ragged edge tile costs a whole scale)
     code_bits = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}.get(codes.dtype, 0)
-    facts["nominal_bits"] = code_bits + (64 if scales.dtype == "float64" else 32) / per_scale
+    rows, cols = matrix_shape(tuple(codes.shape))
+    tiles = -(-rows // tile[0]) * -(-cols // tile[1])
+    facts["nominal_bits"] = code_bits + (64 if scales.dtype == "float64" else 32) * tiles / max(
+        1, rows * cols)
     if spec is not None:
         scale_bits = SCALE_BITS.get(scheme.get("scale_format"), 32)
         facts["scheme_bits"] = spec.bits + scale_bits / per_scale

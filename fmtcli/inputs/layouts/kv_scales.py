@@ -17,7 +17,10 @@ stored, no direction applied) and ``elements_reader`` None.  ``layouts.dequantiz
 only groups with a ``codes`` part, so the scales leave the data every analysis reads
 (``fmt quantize`` no longer quantizes a scale as if it were a weight), while ``layouts.scan``
 still shows them to ``fmt audit``, which checks them: positive, finite, one per tensor or
-per head, the direction.  ``facts`` carry what that needs: ``stream`` (k, v or q),
+per head, the direction.  ``group`` is what one value covers of the tensor exposed here
+(the scale vector: ``tensor`` for a scalar, ``block 1`` for one per head, so that counting
+scales against ``shape`` holds); ``facts["granularity"]`` is what it covers in the KV cache
+(``tensor`` or ``head``).  ``facts`` carry what the checks need: ``stream`` (k, v or q),
 ``layer``, ``heads`` (None for one per tensor), ``format`` and ``fp8_max`` (the KV format:
 ``fmt kv``'s file metadata, else the config's ``kv_cache_scheme``, else vLLM's ``fp8`` =
 float8_e4m3fn), ``covered_amax`` (scale x fp8_max: the amax each scale covers when applied
@@ -143,7 +146,10 @@ def _quantized(key: str, source, config: dict | None, found: tuple[str, str]) ->
     if fp8_max is not None and not problems:
         with np.errstate(over="ignore", invalid="ignore"):
             facts["covered_amax"] = [float(v) * fp8_max for v in scales().reshape(-1)]
-    group = ScaleGroup("head") if heads else ScaleGroup("tensor")
+    # the group as seen on the tensor exposed here, the scale vector itself: each value
+    # its own (block 1); what a scale covers in the KV cache is facts["granularity"]
+    facts["granularity"] = "head" if heads else "tensor"
+    group = ScaleGroup("block", block=1) if heads else ScaleGroup("tensor")
     return Quantized(NAME, key, source.source, shape, name, source.dtype, group,
                      {"scales": source}, rows_reader, facts, None, scales, problems)
 
