@@ -16,9 +16,16 @@ With neighbour structure (a smooth row) the right reading has the smaller R; whi
 gives R = 1 in both.  ``fail`` when the swapped reading's R is below half the stored one's
 and below 0.8; ``ok`` (high confidence) when the stored reading is the smooth one;
 otherwise the rows have no neighbour structure to judge by (trained linear weights
-usually have none along the input axis): ``ok`` with ``confidence: low`` -- the order then
-rests on the layout's definition (``facts["nibble_order"]``) and on fmt audit's comparison
-with the original.
+usually have none along the input axis).  Then an *anchor* can decide: a plain (unpacked)
+1-D tensor of the same layer with one value per input channel and "norm" in its name (the
+layer norm the weight reads, e.g. ``input_layernorm.weight`` for q/k/v).  Trained weights'
+columns co-vary with it (outlier channels); a swap moves each column's magnitude to its
+neighbour.  The rank correlation of the columns' mean |x| with the anchor, stored vs
+swapped: ``fail`` when the swapped one is larger by 5 standard errors (5 / sqrt(columns))
+and at least 0.1, ``ok`` (high confidence) the other way round.  With no anchor, or none
+that separates the readings: ``ok`` with ``confidence: low`` -- the order then rests on
+the layout's definition (``facts["nibble_order"]``) and on fmt audit's comparison with the
+original.
 
 **Scale rule** (``mx-scale-rule``): power-of-two (E8M0 / UE8M0) block scales against the
 exporter's own rule, from the stored codes alone.  With a block scale ``2^e`` the rule
@@ -60,6 +67,8 @@ only the comparison with the original shows them.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from fmtcli.audit.check import Check, Verdict
@@ -71,9 +80,13 @@ from fmtcli.audit.layout_blocks import (
     sample_rows,
     share,
 )
+from fmtcli.inputs.layouts.base import values_of
 
 NIBBLE_RATIO = 0.5   # swapped R below this fraction of the stored R: swapped
 STRUCTURE = 0.8      # R below this: the rows have neighbour structure
+ANCHOR_SE = 5.0      # the anchor correlations must differ by 5 standard errors (1/sqrt n)
+ANCHOR_MIN = 0.1     # ... and the better one reach 0.1
+LAYER = re.compile(r"^(.*?\blayers\.\d+\.)")
 BELOW_FAIL = 0.01    # share of blocks under the rule's minimum top code that fails
 AT_MAX_FAIL = 0.98   # share of blocks at the format's max that fails (from 16 blocks)
 
@@ -126,7 +139,8 @@ def nibble_order(q, scan) -> Check | None:
     order = q.facts.get("nibble_order")
     if q.element != "float4_e2m1fn" or order not in ("low-first", "high-first") or q.problems:
         return None
-    stored, swapped = _cross_pair_roughness(sample_rows(q))
+    rows = sample_rows(q)
+    stored, swapped = _cross_pair_roughness(rows)
     figures = {"nibble_order": order, "roughness_stored": stored,
                "roughness_swapped": swapped, "ratio_threshold": NIBBLE_RATIO,
                "structure_threshold": STRUCTURE}
@@ -140,10 +154,58 @@ def nibble_order(q, scan) -> Check | None:
         return Check("nibble-order", Verdict.OK,
                      f"{order} confirmed: neighbour roughness {stored:.3g} vs {swapped:.3g} "
                      "swapped", {**figures, "confidence": "high"})
+    return _by_anchor(q, scan, rows, figures, order, other)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    out = np.empty(values.size)
+    out[np.argsort(values, kind="stable")] = np.arange(values.size)
+    return out
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _ranks(a) - (a.size - 1) / 2, _ranks(b) - (b.size - 1) / 2
+    denominator = float(np.sqrt(np.sum(a * a) * np.sum(b * b)))
+    return float(np.sum(a * b)) / denominator if denominator else 0.0
+
+
+def _anchors(q, scan) -> list:
+    """Plain 1-D tensors of the same layer with one value per column and "norm" in their
+    name: the layer norm whose output the weight reads, stored unpacked."""
+    match = LAYER.match(q.key)
+    cols = q.matrix[1]
+    if match is None:
+        return []
+    return [s for s in scan.plain if s.key and s.key.startswith(match.group(1))
+            and "norm" in s.key and tuple(s.shape) == (cols,) and s.opener is not None]
+
+
+def _by_anchor(q, scan, rows, figures: dict, order: str, other: str) -> Check:
+    """No neighbour structure: correlate the columns' mean |x| with an unpacked anchor."""
+    profile = np.abs(rows).mean(axis=0)
+    swapped = profile.reshape(-1, 2)[:, ::-1].ravel() if profile.size % 2 == 0 else profile
+    margin = ANCHOR_SE * max(1, profile.size) ** -0.5
+    for anchor in _anchors(q, scan):
+        gamma = np.asarray(values_of(anchor), dtype=np.float64).ravel()
+        c_stored, c_swapped = abs(_spearman(profile, gamma)), abs(_spearman(swapped, gamma))
+        found = {**figures, "anchor": anchor.key, "anchor_corr_stored": c_stored,
+                 "anchor_corr_swapped": c_swapped, "anchor_margin": margin}
+        if c_swapped > max(c_stored + margin, ANCHOR_MIN):
+            return Check("nibble-order", Verdict.FAIL,
+                         f"the {other} reading matches {anchor.key}'s channels better "
+                         f"(|rank corr| {c_swapped:.3g} vs {c_stored:.3g} stored, "
+                         f"{order}): the nibbles look swapped", {**found, "confidence": "high"})
+        if c_stored > max(c_swapped + margin, ANCHOR_MIN):
+            return Check("nibble-order", Verdict.OK,
+                         f"{order} confirmed by {anchor.key}'s channels (|rank corr| "
+                         f"{c_stored:.3g} vs {c_swapped:.3g} swapped)",
+                         {**found, "confidence": "high"})
+        figures = found  # the last anchor's figures, undecided
     return Check("nibble-order", Verdict.OK,
-                 f"inconclusive: no neighbour structure (roughness {stored:.3g} stored, "
-                 f"{swapped:.3g} swapped); {order} as the layout defines it",
-                 {**figures, "confidence": "low"})
+                 f"inconclusive: no neighbour structure (roughness "
+                 f"{figures['roughness_stored']:.3g} stored, "
+                 f"{figures['roughness_swapped']:.3g} swapped); {order} as the layout "
+                 "defines it", {**figures, "confidence": "low"})
 
 
 def rule_of(q) -> str | None:

@@ -173,6 +173,32 @@ def test_random_weights_leave_the_nibble_order_inconclusive(tmp_path):
         assert found.verdict is Verdict.OK and found.figures["confidence"] == "low"
 
 
+def with_norm(low_first: bool, tied: bool) -> dict:
+    """q_proj with per-input-channel magnitudes and its layer's input_layernorm: tied
+    (the norm's gains follow the columns', as trained layers' outlier channels do) or not."""
+    rng = np.random.default_rng(16)
+    gains = np.exp(rng.standard_normal(512))
+    w = (rng.standard_normal((128, 512)) * gains * 0.02).astype(np.float32)
+    norm = (1 / gains if tied else np.exp(rng.standard_normal(512))).astype(np.float32)
+    tensors = {k.replace("m.", "model.layers.0.self_attn.q_proj."): v
+               for k, v in nvfp4(w, low_first).items()}
+    return {**tensors, "model.layers.0.input_layernorm.weight": norm}
+
+
+def test_swapped_nibbles_fail_against_the_layer_norm(tmp_path):
+    (q,), result = audit(tmp_path / "ok", with_norm(True, True), MODELOPT)
+    good = check(q, result, "nibble-order")
+    assert good.verdict is Verdict.OK and good.figures["confidence"] == "high"
+    assert good.figures["anchor"] == "model.layers.0.input_layernorm.weight"
+    (q,), result = audit(tmp_path / "bad", with_norm(False, True), MODELOPT)
+    bad = check(q, result, "nibble-order")
+    assert bad.verdict is Verdict.FAIL and "input_layernorm" in bad.evidence
+    for order in (True, False):  # a norm unrelated to the columns decides nothing
+        (q,), result = audit(tmp_path / f"free{order}", with_norm(order, False), MODELOPT)
+        found = check(q, result, "nibble-order")
+        assert found.verdict is Verdict.OK and found.figures["confidence"] == "low"
+
+
 # -- 3. the exporter's MX scale rule --------------------------------------------------------
 
 def ct_exponent(amax: np.ndarray) -> np.ndarray:
