@@ -199,7 +199,8 @@ def write_layout(plan: LayoutPlan, *, seed: int = 0, chunk_elements: int = CHUNK
 def _write_model(handle, plan: LayoutPlan, options: dict, on_tensor) -> None:
     """model.safetensors, streamed: a header reserved at the front (padded with spaces, as
     the format allows), then each tensor's bytes as it is made, then the header."""
-    reserve = 256 + sum(160 + 6 * len(n) for n in plan.names) * 3
+    reserve = 256 + sum(160 + 6 * len(n) for n in plan.names) * 3  # JSON escapes: 6 a char
+    reserve += -reserve % 8  # the data starts 8-aligned, as safetensors' own writer keeps it
     handle.write(b"\0" * (8 + reserve))
     header: dict = {"__metadata__": {"format": "pt", "producer": "fmtcli"}}
     offset = 0
@@ -242,6 +243,7 @@ def engine_codes(source: TensorSource, scheme: Scheme, options: dict):
     rows, cols = matrix_shape(source.shape)
     spec = scheme.format
     codes = shared_array((rows, cols), np.uint8)
+    codes_of(np.zeros(1, np.float32), spec)  # ml_dtypes imported here, not in every worker
 
     def sink(rs, cs, block, codes=codes, spec=spec):
         codes[rs, cs] = codes_of(block, spec)
