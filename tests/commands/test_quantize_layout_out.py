@@ -9,8 +9,9 @@ loads the folder into a model through its own ``apply_quantization_config`` +
 ``ModelCompressor`` (strict state-dict load: every name, shape and dtype as it expects)
 and decompresses it: float32 FP8 scales decode exactly (its float32 product is fmt's),
 NVFP4 comes out in bfloat16, so it must equal the exact float64 decoding of the stored
-bytes rounded to bfloat16 (within one bfloat16 ulp, its float32 step before).  Bad options
-are one Error line.
+bytes rounded to bfloat16 (within one bfloat16 ulp, its float32 step before); transformers'
+``from_pretrained`` loads a folder written from a tiny Llama and runs it.  Bad options are
+one Error line.
 """
 
 from __future__ import annotations
@@ -334,3 +335,40 @@ def test_compressed_tensors_decompresses_nvfp4_to_the_stored_values(tmp_path):
         bf16 = np.spacing(np.abs(x_q).astype(ml_dtypes.bfloat16)).astype(np.float64)
         gap = np.abs(theirs[m + "weight"].astype(np.float64) - x_q)
         assert np.all(gap <= bf16), m  # the engine's values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, options", [("float32", ["--per", "row"]),
+                                            ("bfloat16", ["--recipe", "nvfp4"])])
+def test_transformers_loads_the_folder_runs_it_and_decodes_fmts_values(tmp_path, dtype,
+                                                                        options):
+    """A tiny Llama saved by transformers, written by --layout compressed-tensors, loaded
+    back by ``AutoModelForCausalLM.from_pretrained`` (compressed-tensors' HF quantizer):
+    its first forward decompresses the weights, which are fmt's reading of the folder
+    (FP8 float32: bit for bit; NVFP4: bfloat16, within a bfloat16 ulp)."""
+    pytest.importorskip("compressed_tensors")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=100, max_position_embeddings=32,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    kind = getattr(torch, dtype)
+    transformers.LlamaForCausalLM(config).to(kind).save_pretrained(tmp_path / "m")
+    succeeds("quantize", tmp_path / "m", *options, "--out", tmp_path / "q", "--layout",
+             "compressed-tensors")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q", dtype=kind)
+    logits = model(torch.arange(5)[None]).logits
+    assert logits.shape == (1, 5, 100) and bool(torch.isfinite(logits).all())
+    weights = {k: v for k, v in model.state_dict().items() if k.endswith("proj.weight")}
+    assert len(weights) == 7
+    for key, weight in weights.items():
+        assert weight.dtype == kind, key  # decompressed
+        _, ours = _read(tmp_path / "q", key)
+        theirs = weight.float().numpy()
+        if dtype == "float32":
+            assert np.array_equal(theirs, ours), key
+        else:
+            ulp = np.spacing(np.abs(ours).astype(ml_dtypes.bfloat16)).astype(np.float32)
+            assert np.all(np.abs(theirs - ours) <= ulp), key
