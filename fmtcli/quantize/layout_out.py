@@ -3,10 +3,11 @@ ecosystem's layout (compressed-tensors, DeepSeek-V3 FP8, ModelOpt NVFP4), which 
 layout readers (``inputs.layouts``) and the ecosystem's loaders read back.
 
 What gets quantized: the linear layers' weights, as the exporters pick them by default --
-2-D tensors whose name ends in ``weight``, floating point, except embeddings and the output
-head (compressed-tensors' presets target ``Linear`` modules and llm-compressor's recipes
-ignore ``lm_head``; ModelOpt excludes ``lm_head``; DeepSeek-V3 keeps ``embed`` and
-``head`` in bfloat16).  Norms and biases are 1-D and stacked tensors (3-D) are left alone.
+2-D tensors whose name ends in ``weight``, floating point, except embeddings, the output
+head and MoE routers (compressed-tensors' presets target ``Linear`` modules and
+llm-compressor's recipes ignore ``lm_head`` and, for MoE models, the router ``gate``;
+ModelOpt excludes ``lm_head`` and routers; DeepSeek-V3 keeps ``embed``, ``head`` and
+``gate`` in bfloat16).  Norms and biases are 1-D and stacked tensors (3-D) are left alone.
 Every other tensor is copied as it is stored (its dtype and bytes kept).  The skipped 2-D
 weights' modules are the config's ``ignore`` / ``exclude_modules``.
 
@@ -51,8 +52,10 @@ from fmtcli.streaming.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, m
 MODEL = "model.safetensors"
 WRITTEN = (MODEL, "config.json", "hf_quant_config.json")
 #: name parts of 2-D weights that are not a linear layer's: embeddings (any part holding
-#: "embed") and output heads or tied tables (a part exactly one of these)
-NOT_LINEAR = ("lm_head", "head", "wte", "wpe", "shared")
+#: "embed"), output heads or tied tables (a part exactly one of these), MoE routers (a part
+#: "gate", "*_gate" or holding "router": DeepSeek-V3 keeps its gate in bfloat16, ModelOpt
+#: keeps routers "in original precision", llm-compressor's MoE recipes ignore "mlp.gate")
+NOT_LINEAR = ("lm_head", "head", "wte", "wpe", "shared", "gate")
 COPY_BYTES = 64 << 20
 
 
@@ -81,7 +84,8 @@ def is_linear_weight(name: str, source: TensorSource) -> bool:
     not an embedding or an output head."""
     parts = name.lower().split(".")
     return (source.skipped is None and len(source.shape) == 2 and parts[-1] == "weight"
-            and not any("embed" in p or p in NOT_LINEAR for p in parts[:-1]))
+            and not any("embed" in p or "router" in p or p in NOT_LINEAR
+                        or p.endswith("_gate") for p in parts[:-1]))
 
 
 def check_directory(path: str, inputs: list[str], force: bool) -> None:

@@ -129,6 +129,33 @@ def test_a_folder_keeps_its_config_and_copies_what_is_not_a_linear_weight(tmp_pa
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
 
 
+@pytest.mark.parametrize("name, shape, dtype, quantized", [
+    ("model.layers.0.self_attn.q_proj.weight", (8, 16), "float32", True),
+    ("model.layers.3.mlp.experts.7.down_proj.weight", (8, 16), "bfloat16", True),
+    ("model.layers.3.mlp.shared_experts.up_proj.weight", (8, 16), "bfloat16", True),
+    ("encoder.layer.0.output.dense.weight", (8, 16), "float32", True),
+    ("model.layers.3.mlp.gate_proj.weight", (8, 16), "float32", True),
+    ("model.layers.3.mlp.gate.weight", (8, 16), "float32", False),
+    ("model.layers.3.block_sparse_moe.gate.weight", (8, 16), "float32", False),
+    ("model.layers.3.mlp.shared_expert_gate.weight", (1, 16), "float32", False),
+    ("model.layers.0.mlp.router.weight", (8, 16), "float32", False),
+    ("model.embed_tokens.weight", (8, 16), "float32", False),
+    ("transformer.wte.weight", (8, 16), "float32", False),
+    ("lm_head.weight", (8, 16), "float32", False),
+    ("model.norm.weight", (16,), "float32", False),
+    ("model.layers.0.mlp.experts.gate_up_proj.weight", (4, 8, 16), "float32", False),
+    ("model.layers.0.self_attn.q_proj.bias", (8, 16), "float32", False),
+    ("model.layers.0.self_attn.q_proj.weight", (8, 16), "int8", False),
+])
+def test_which_tensors_are_linear_weights(name, shape, dtype, quantized):
+    from fmtcli.inputs.source import from_array
+    from fmtcli.quantize.layout_out import is_linear_weight
+
+    source = from_array("f", name, np.zeros(shape, dtype), shape, np.dtype(dtype)
+                        if dtype != "bfloat16" else ml_dtypes.bfloat16)
+    assert is_linear_weight(name, source) is quantized
+
+
 def test_modelopt_writes_its_configs_and_packs_low_nibble_first(tmp_path):
     """ModelOpt does not install here: the folder is decoded from its published definition
     (nvidia-modelopt 0.47.0 ``NVFP4QTensor.dequantize``: the low nibble is the even column,
