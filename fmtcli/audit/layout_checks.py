@@ -12,9 +12,10 @@ generic checks.  Thresholds and their reasons: docs/audit_layout_checks.md.
   (``PLAUSIBLE_AMAX``): ``fail`` when only the reciprocal is, ``warn`` when neither is.
   Both exporters map the tensor's amax block to the FP8 maximum (its block scale is 448);
   the largest block scale over 448 (``headroom``) is therefore ~1 for the tensor that set
-  the global and below 1 only where a global is shared (fused q/k/v, gate/up): ``fail``
-  when no tensor of the input reaches ``HALF_SIZE`` (half-size block scales), or one of
-  stacked experts with their own global scales stays under it.
+  the global and below 1 only where a global is shared (fused q/k/v, gate/up).  When no
+  tensor of the input reaches ``HALF_SIZE`` (or one of stacked experts with their own
+  global scales stays under it): ``fail`` at about half (``HALF_BAND``: half-size block
+  scales), ``warn`` below (a global not set from the amax; the values may be right).
 - ``expert-scales``: stacked (E x ...) or numbered (``experts.<i>.``) experts whose
   per-expert global scales are all identical (``warn``: one amax for all, or uncalibrated
   experts; compressed-tensors falls back to 1.0 for those), input scales reported.
@@ -41,7 +42,8 @@ from fmtcli.inputs.layouts.base import values_of
 
 FP4_FP8 = 6.0 * 448.0            # 2688: FP4's max times FP8 E4M3's
 PLAUSIBLE_AMAX = (1e-6, 1e3)     # a quantized weight's amax, either reading
-HALF_SIZE = 0.55                 # largest block scale / 448 below this everywhere: fail
+HALF_SIZE = 0.55                 # largest block scale / 448 below this everywhere: ...
+HALF_BAND = (0.45, 0.55)         # ... fail inside this band (half-size), warn under it
 KV_RANGE = (1e-6, 1e3)
 EXPERT = re.compile(r"^(.*\bexperts\.)(\d+)(\..*)$")
 _CACHE: dict = {}
@@ -138,21 +140,28 @@ def _headroom_check(q, scan, figures: dict) -> Check:
                      "FP8's max 448: the block scales were not scaled by the global",
                      figures)
     if figures.get("expert_headroom_min", 1.0) < HALF_SIZE:
-        return Check("global-scale", Verdict.FAIL, "an expert's block scales reach at most "
-                     f"{figures['expert_headroom_min']:.3g} of 448 under its own global "
-                     "scale: half-size block scales", figures)
+        return _underused(figures["expert_headroom_min"], "an expert's block scales reach "
+                          "at most {:.3g} of 448 under its own global scale", figures)
     if headroom < HALF_SIZE:
         best = _cached(scan, "headroom", lambda: _input_headroom(scan))
         figures = {**figures, "input_headroom": best}
         if best < HALF_SIZE:
-            return Check("global-scale", Verdict.FAIL,
-                         f"block scales reach at most {best:.3g} of 448 in every tensor "
-                         "(the amax block should reach 448): half-size block scales",
-                         figures)
+            return _underused(best, "block scales reach at most {:.3g} of 448 in every "
+                              "tensor (the amax block should reach 448)", figures)
     return Check("global-scale", Verdict.OK,
                  f"{figures['convention']} direction: implied amax "
                  f"{figures['implied_amax']:.3g}, largest block scale "
                  f"{headroom * 448:.4g} of FP8's 448", figures)
+
+
+def _underused(ratio: float, text: str, figures: dict) -> Check:
+    """Block scales under HALF_SIZE of 448: half-size (fail) when about half, else a
+    global scale that is not the tensor's amax / 2688 (warn: values may still be right)."""
+    if HALF_BAND[0] <= ratio <= HALF_BAND[1]:
+        return Check("global-scale", Verdict.FAIL, text.format(ratio) + ": half-size "
+                     "block scales", figures)
+    return Check("global-scale", Verdict.WARN, text.format(ratio) + ": the global scale "
+                 "is not the weight's amax / 2688, or the block scales are off", figures)
 
 
 def _per_expert(q, scan, role: str) -> np.ndarray | None:
