@@ -110,10 +110,14 @@ def test_a_global_scale_neither_reading_explains_warns(tmp_path):
     assert found.verdict is Verdict.WARN and "neither" in found.evidence
 
 
-def test_half_size_block_scales_fail(tmp_path):
-    (q,), result = audit(tmp_path, nvfp4(gaussian(2, (64, 256)), block_factor=0.5), MODELOPT)
+@pytest.mark.parametrize("factor, verdict", [(0.5, Verdict.FAIL), (0.25, Verdict.WARN)])
+def test_half_size_block_scales_fail_smaller_ones_warn(tmp_path, factor, verdict):
+    (q,), result = audit(tmp_path, nvfp4(gaussian(2, (64, 256)), block_factor=factor),
+                         MODELOPT)
     found = check(q, result, "global-scale")
-    assert found.verdict is Verdict.FAIL and "half-size" in found.evidence
+    assert found.verdict is verdict and found.figures["input_headroom"] == pytest.approx(
+        factor, abs=0.04)
+    assert ("half-size" in found.evidence) is (verdict is Verdict.FAIL)
 
 
 def test_one_stacked_expert_with_half_size_block_scales_fails(tmp_path):
