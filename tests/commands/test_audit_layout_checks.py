@@ -351,6 +351,24 @@ def test_a_missing_input_scale_or_kv_scale_warns(tmp_path):
     assert found.verdict is Verdict.WARN and "m.input_scale" in found.evidence
 
 
+def test_a_static_compressed_tensors_scheme_without_input_scale_warns(tmp_path):
+    w = gaussian(17, (64, 128))
+    scale = np.array([np.abs(w).max() / 448], np.float32)
+    tensors = {"m.weight": (w / scale[0]).astype(E4M3), "m.weight_scale": scale}
+    config = {"quant_method": "compressed-tensors", "format": "float-quantized",
+              "config_groups": {"group_0": {
+                  "targets": ["Linear"], "format": "float-quantized",
+                  "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+                  "input_activations": {"num_bits": 8, "type": "float",
+                                        "strategy": "tensor", "dynamic": False}}}}
+    (q,), result = audit(tmp_path / "missing", tensors, config)
+    found = check(q, result, "missing-scales")
+    assert found.verdict is Verdict.WARN and found.figures["missing"] == ["m.input_scale"]
+    tensors["m.input_scale"] = np.array([0.01], np.float32)
+    (q,), result = audit(tmp_path / "there", tensors, config)
+    assert check(q, result, "missing-scales").verdict is Verdict.OK
+
+
 def test_compressed_tensors_promises_come_from_config_groups():
     from fmtcli.audit.layout_checks import promises
 
