@@ -193,8 +193,9 @@ def quantize_command(
         from fmtcli.engine.run import with_product
         from fmtcli.quantize.layout_out import plan_layout
 
-        plan = plan_layout(out, layout, with_product([main_scheme], product)[0], sources,
-                           files)
+        every = load_inputs(files) if keys else sources  # --key: which ones to quantize
+        plan = plan_layout(out, layout, with_product([main_scheme], product)[0], every,
+                           files, chosen=sources)
     note_skipped(sources)
     if main_scheme.granularity is Granularity.COLUMN:
         for s in sources:
@@ -253,8 +254,9 @@ def check_layout_options(layout, out, dask, files, force, scheme) -> None:
         raise UsageError("--layout writes a checkpoint folder: give it --out DIR")
     if dask is not None:
         raise UsageError("--layout writes on this machine; it cannot go with --dask")
-    if not files:
-        raise UsageError("--layout needs FILE: a checkpoint whose linear weights it writes")
+    if not files or "-" in files:
+        raise UsageError("--layout needs FILE: a checkpoint whose linear weights it writes "
+                         "(not standard input)")
     check_scheme(layout, scheme)
     check_directory(out, files, force)
 

@@ -129,14 +129,18 @@ def _temporary_folder(path: str) -> str:
 
 
 def plan_layout(directory: str, layout: OutLayout | str, scheme: Scheme,
-                sources: list[TensorSource], inputs: list[str]) -> LayoutPlan:
-    """What ``write_layout`` will write; refuses (one line) a scheme the layout cannot hold,
-    a weight it cannot hold, an input with no linear weight, or a target among the
-    inputs' files."""
+                sources: list[TensorSource], inputs: list[str],
+                chosen: list[TensorSource] | None = None) -> LayoutPlan:
+    """What ``write_layout`` will write: every tensor of ``sources`` (the whole input),
+    the linear weights among ``chosen`` (``--key``'s tensors; None: all) quantized.
+    Refuses (one line) a scheme the layout cannot hold, a weight it cannot hold, an input
+    with no linear weight, or a target among the inputs' files."""
     layout = OutLayout(layout)
     lt.check_scheme(layout, scheme)
     names = output_names(sources)
-    quantized = tuple(is_linear_weight(n, s) for n, s in zip(names, sources))
+    picked = {(s.source, s.key) for s in (sources if chosen is None else chosen)}
+    quantized = tuple(is_linear_weight(n, s) and (s.source, s.key) in picked
+                      for n, s in zip(names, sources))
     if not any(quantized):
         raise UsageError("nothing for " + Param("layout", layout.value) + " to quantize: "
                          "no linear weight (a 2-D floating-point tensor named *weight, not "

@@ -22,7 +22,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import assert_usage_error, invoke, json_of, succeeds
+from cli_helpers import assert_data_error, assert_usage_error, invoke, json_of, succeeds
 
 from fmtcli.engine.writers import write_safetensors
 from fmtcli.inputs.safetensorsfile import load_safetensors
@@ -154,6 +154,49 @@ def test_which_tensors_are_linear_weights(name, shape, dtype, quantized):
     source = from_array("f", name, np.zeros(shape, dtype), shape, np.dtype(dtype)
                         if dtype != "bfloat16" else ml_dtypes.bfloat16)
     assert is_linear_weight(name, source) is quantized
+
+
+def test_key_picks_the_weights_to_quantize_and_the_rest_is_copied(tmp_path):
+    folder = _model(tmp_path)
+    report = json_of("quantize", folder, "--key", "*q_proj*", "--per", "row", "--out",
+                     tmp_path / "out", "--layout", "compressed-tensors")
+    assert (report["output"]["quantized"], report["output"]["copied"]) == (1, 5)
+    written = {s.key: s for s in load_safetensors(str(tmp_path / "out" / "model.safetensors"))}
+    assert written["model.layers.0.self_attn.q_proj.weight"].dtype == "float8_e4m3fn"
+    assert written["model.layers.0.mlp.down_proj.weight"].dtype == "bfloat16"
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "model.layers.0.mlp.down_proj" in config["quantization_config"]["ignore"]
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
+    from fmtcli.base.errors import DataError
+    from fmtcli.quantize import layout_out
+
+    calls = []
+    real = layout_out.engine_codes
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise DataError("disk on fire")
+        return real(*args)
+
+    monkeypatch.setattr(layout_out, "engine_codes", failing)
+    two = tmp_path / "two.safetensors"
+    write_safetensors(str(two), {f"l{i}.proj.weight": np.full((4, 32), i + 1.0, np.float32)
+                                 for i in range(3)})
+    line = assert_data_error(invoke("quantize", two, "--per", "row", "--out",
+                                    tmp_path / "out", "--layout", "compressed-tensors"))
+    assert "disk on fire" in line and len(calls) == 2
+    assert not (tmp_path / "out").exists()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".fmtcli")] == []
+
+
+def test_an_empty_directory_is_written_into(tmp_path):
+    (tmp_path / "out").mkdir()
+    succeeds("quantize", _one(tmp_path), "--per", "row", "--out", tmp_path / "out",
+             "--layout", "compressed-tensors")
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
 
 
 def test_modelopt_writes_its_configs_and_packs_low_nibble_first(tmp_path):
