@@ -97,8 +97,9 @@ def check_scheme(layout: OutLayout, scheme: Scheme) -> str:
         return "nvfp4-pack-quantized"
     g = scheme.granularity
     if not fp8 or g is Granularity.COLUMN or (g is Granularity.BLOCK and scheme.axis != -1):
-        raise _mismatch(layout, scheme, Param("per", "row") + ", " + Param("tile", "128x128")
-                        + ", " + Param("per", "tensor") + " or " + Param("recipe", "nvfp4"))
+        raise _mismatch(layout, scheme, Param("per", "row") + ", " + Param("block", 128)
+                        + ", " + Param("tile", "128x128") + ", " + Param("per", "tensor")
+                        + " or " + Param("recipe", "nvfp4"))
     return "naive-quantized"
 
 
