@@ -74,9 +74,9 @@ from fmtcli.streaming.metrics import HIST_BINS, ErrorAccumulator
 from fmtcli.streaming.roles import role_of
 from fmtcli.streaming.stream import ChunkReader, chunk_slices, matrix_shape
 
-__all__ = ["Accumulator", "CompareResult", "CompareStats", "LogitStats", "RoleComparison",
-           "TensorComparison", "compare_arrays", "compare_files", "compare_pair",
-           "compare_sources", "match_sources"]
+__all__ = ["Accumulator", "CompareResult", "CompareStats", "Judgement", "LogitStats",
+           "RoleComparison", "TensorComparison", "compare_arrays", "compare_files",
+           "compare_pair", "compare_sources", "match_sources"]
 
 
 @dataclass(frozen=True)
