@@ -30,6 +30,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from fmtcli.audit import checks as generic
 from fmtcli.audit import layout_checks
 from fmtcli.audit.check import Check, Verdict
@@ -225,10 +227,21 @@ def _measured(q, chunk_elements: int) -> generic.Measured | None:
         except (FmtError, ValueError) as error:
             scales_error = str(error)
     try:
-        values, codes = measure(q, chunk_elements)
+        values, codes = measure(q, chunk_elements, _floor_to_max(q, scales))
     except (FmtError, ValueError) as error:
         return generic.Measured(None, None, scales, scales_error or str(error))
     return generic.Measured(values, codes, scales, scales_error)
+
+
+def _floor_to_max(q, scales) -> bool:
+    """Whether ``q``'s scales are powers of two floored towards the format's max (fmt's
+    ``pow2-floor``, DeepSeek's UE8M0: a group's amax lands in (max/2, max], 224 after
+    rounding), not to the amax's binade as MX's rule does ([2^emax, 2^(emax+1)))."""
+    if scales is None or generic.is_mx(q):
+        return False
+    s = np.asarray(scales, dtype=np.float64)
+    s = s[np.isfinite(s) & (s > 0)]
+    return bool(s.size) and bool(np.all(np.frexp(s)[0] == 0.5))
 
 
 def audit_quantized(q, scan: layouts.Scan, chunk_elements: int = CHUNK_ELEMENTS

@@ -9,18 +9,24 @@ tensor at once):
   FP8/FP4 codes decoded, integers as stored), counted per scale group (``Quantized.group``,
   the tile of the matrix view one scale covers):
 
-  * a group *clips* when at least ``clip_count(n)`` = max(4, ceil(n / 256)) of its ``n``
-    elements sit at the format's largest magnitude (``|code| >= max``): the scale was too
-    small and the tail piled up at the top code.  Under an amax-derived scale one element
-    (the amax) reaches the top code, a few more by rounding; measured on Gaussian,
-    Student-t(3) and t(1.5) weights, healthy NVFP4 / MXFP4 / MXFP8 / FP8-block / FP8-row
-    / INT4-g128 groups clip in at most 19% of groups (OCP MXFP4 on Gaussian data, whose
-    floor rule clips by design), half-size dequantization scales in 25-100%
+  * a group *clips* when at least ``clip_count(n)`` = max(5, ceil(n / 256)) of its ``n``
+    elements sit at the format's largest magnitude (``|code| >= max``), more than 1.5
+    times as many as at the next magnitude down (E4M3: 448 against 416, FP4: 6 against
+    4), and its smallest nonzero code is below half the max: the scale was too small and
+    the tail piled up at the top code.  Under an amax-derived scale one element (the
+    amax) reaches the top code, a few more by rounding, fewer than one code down (whose
+    interval is wider); a group bunched near its amax (a LayerNorm weight of ~1.0 under
+    one scale: every code in the top binade) says nothing either way and is not counted.
+    Measured on Gaussian, Student-t(3) and t(1.5) weights (``scripts/audit_thresholds.py``):
+    healthy layouts clip in at most 5% of groups, half-size dequantization scales in most
     (docs/audit.md's table);
   * a group *uses only the lowest codes* when its largest |code| is at most half the
     format's max (integers: at most (max + 1) / 2), i.e. the top binade is never used: the
     scale was too large (double scales put every group there; amax and MX rules never
-    do);
+    do).  Under power-of-two scales floored towards the max (fmt's ``pow2-floor``,
+    DeepSeek's UE8M0) a healthy group's largest code may round to half the max exactly,
+    so there only a largest code *below* half counts (MX's rule floors to the amax's
+    binade, [4, 8) for FP4, [256, 512) for E4M3: never half);
   * a group is *all zero* when every code is zero.
 
 Where a scale group spans a whole matrix (per-tensor, per-column scales, or a tile taller
@@ -41,7 +47,9 @@ from fmtcli.numerics.tiles import tile_amax, tile_view
 
 #: the share of a group's elements at the top code above which it clips, and the least count
 CLIP_SHARE = 1 / 256
-CLIP_LEAST = 4
+CLIP_LEAST = 5
+#: a clipping group holds more top codes than this times the codes one magnitude down
+PILE_UP = 1.5
 
 
 def clip_count(n: int) -> int:
@@ -49,19 +57,30 @@ def clip_count(n: int) -> int:
     return max(CLIP_LEAST, math.ceil(n * CLIP_SHARE))
 
 
-def element_max(element: str) -> float | None:
-    """The largest magnitude of an element format by fmt's name (``float8_e4m3fn``: 448,
-    ``float4_e2m1fn``: 6, ``int4``: 7, ``uint8``: 255); None where unknown."""
-    if element.startswith(("int", "uint")) and element.lstrip("uint").isdigit():
-        bits = int(element.lstrip("uint"))
-        return float(2 ** bits - 1 if element.startswith("u") else 2 ** (bits - 1) - 1)
+def element_top(element: str) -> tuple[float, float] | None:
+    """The two largest magnitudes of an element format by fmt's name: (max, the next
+    one down) -- ``float8_e4m3fn`` (448, 416), ``float4_e2m1fn`` (6, 4), ``int4`` (7, 6),
+    ``uint8`` (255, 254); None where unknown."""
+    digits = element.removeprefix("u").removeprefix("int")
+    if element.startswith(("int", "uint")) and digits.isdigit():
+        bits = int(digits)
+        top = float(2 ** bits - 1 if element.startswith("u") else 2 ** (bits - 1) - 1)
+        return top, top - 1
     from fmtcli.base.errors import FmtError
     from fmtcli.numerics.formats import resolve_format
 
     try:
-        return float(resolve_format(element)[0].max)
+        spec = resolve_format(element)[0]
     except FmtError:
         return None
+    top = float(spec.max)
+    return top, top - math.ldexp(1.0, math.frexp(top)[1] - 1 - spec.mantissa_bits)
+
+
+def element_max(element: str) -> float | None:
+    """The largest magnitude of an element format (``element_top``'s first)."""
+    found = element_top(element)
+    return found[0] if found else None
 
 
 def low_limit(element: str, top: float) -> float:
@@ -126,36 +145,35 @@ class CodeStats:
                 "element_max": self.top}
 
 
-class _Groups:
-    """Per-group counts of one chunk or of a matrix-spanning group row, mergeable."""
-
-    def __init__(self, cols: int) -> None:
-        self.amax = np.zeros(cols, dtype=np.float32)
-        self.at_max = np.zeros(cols, dtype=np.int64)
-        self.nonzero = np.zeros(cols, dtype=np.int64)
-        self.size = np.zeros(cols, dtype=np.int64)
-
-
-def _group_counts(codes: np.ndarray, tile: tuple[int, int], top: float):
-    """(amax, at_max, nonzero, size) per tile of one chunk of codes: 2-D arrays."""
+def _group_counts(codes: np.ndarray, tile: tuple[int, int], top: float, below: float):
+    """(amax, at_max, at_below, nonzero, size, far) per tile of one chunk of codes: 2-D
+    arrays (``at_below``: elements at the next magnitude down from the top; ``far``:
+    2 top - the smallest nonzero |code|, 0 for an all-zero tile, so that it merges by
+    max)."""
     tr, tc = tile
     mag = np.abs(codes)
     mag[~np.isfinite(mag)] = 0  # a NaN code (E4M3's 0x7f) counts as neither
-    amax = tile_amax(mag, tr, tc)
-    at_max = tile_view((mag >= top).astype(np.int32), tr, tc).sum(axis=(-3, -1))
-    nonzero = tile_view((mag != 0).astype(np.int32), tr, tc).sum(axis=(-3, -1))
+
+    def count(mask: np.ndarray) -> np.ndarray:
+        return tile_view(mask.astype(np.int32), tr, tc).sum(axis=(-3, -1))
+
     rows, cols = codes.shape
     r_sizes = np.minimum(tr, rows - np.arange(0, rows, tr))
     c_sizes = np.minimum(tc, cols - np.arange(0, cols, tc))
-    return amax, at_max, nonzero, np.outer(r_sizes, c_sizes)
+    far = tile_view(np.where(mag > 0, np.float32(2 * top) - mag, 0), tr, tc).max(
+        axis=(-3, -1))
+    return (tile_amax(mag, tr, tc), count(mag >= top), count(mag == below),
+            count(mag != 0), np.outer(r_sizes, c_sizes), far)
 
 
 class Pass:
     """One tensor's streamed pass: ``add(r0, r1)`` per chunk, then ``values()`` and
     ``codes()``."""
 
-    def __init__(self, q, top: float | None, low: float | None) -> None:
-        self.q, self.top, self.low = q, top, low
+    def __init__(self, q, top: tuple[float, float] | None, low: float | None,
+                 strict_low: bool = False) -> None:
+        self.q, self.low, self.strict_low = q, low, strict_low
+        self.top, self.below = top if top is not None else (None, None)
         self.rows, self.cols = q.matrix
         self.height = _height(q.shape, self.rows)
         self.tile = q.group.tile_shape(self.height, self.cols, len(q.shape))
@@ -164,7 +182,7 @@ class Pass:
         self.totals = np.zeros(4, dtype=np.int64)  # groups, clipping, lowest, zero
         self.at_max = self.elements = 0
         self.spanning = self.tile[0] >= self.height  # one group row per matrix
-        self.open: _Groups | None = None
+        self.open: list[np.ndarray] | None = None  # amax, at_max, at_below, nonzero, size
 
     def chunks(self, chunk_elements: int = CHUNK_ELEMENTS):
         """(r0, r1) row ranges: whole group rows, never across two stacked matrices."""
@@ -192,27 +210,31 @@ class Pass:
         codes = np.asarray(codes, dtype=np.float32).reshape(-1, self.cols)
         self.elements += codes.size
         tile = (codes.shape[0] if self.spanning else self.tile[0], self.tile[1])
-        amax, at_max, nonzero, size = _group_counts(codes, tile, self.top)
+        counts = _group_counts(codes, tile, self.top, self.below)
         if not self.spanning:
-            self._close(amax.ravel(), at_max.ravel(), nonzero.ravel(), size.ravel())
+            self._close(*(c.ravel() for c in counts))
             return
         if self.open is None:
-            self.open = _Groups(amax.shape[1])
-        g = self.open
-        np.maximum(g.amax, amax[0], out=g.amax)
-        g.at_max += at_max[0]
-        g.nonzero += nonzero[0]
-        g.size += size[0]
+            self.open = [c[0].astype(np.float32 if i in (0, 5) else np.int64)
+                         for i, c in enumerate(counts)]
+        else:
+            for i, (merged, c) in enumerate(zip(self.open, counts)):
+                if i in (0, 5):
+                    np.maximum(merged, c[0], out=merged)
+                else:
+                    merged += c[0]
         if last:
-            self._close(g.amax, g.at_max, g.nonzero, g.size)
+            self._close(*self.open)
             self.open = None
 
-    def _close(self, amax, at_max, nonzero, size) -> None:
+    def _close(self, amax, at_max, at_below, nonzero, size, far) -> None:
         zero = nonzero == 0
         clip_at = np.maximum(CLIP_LEAST, np.ceil(size * CLIP_SHARE))
-        self.totals += [amax.size, int(np.count_nonzero(at_max >= clip_at)),
-                        int(np.count_nonzero(~zero & (amax <= self.low))),
-                        int(np.count_nonzero(zero))]
+        spread = far > 1.5 * self.top  # its smallest nonzero code below half the top
+        clips = (at_max >= clip_at) & (at_max > PILE_UP * at_below) & spread
+        low = amax < self.low if self.strict_low else amax <= self.low
+        self.totals += [amax.size, int(np.count_nonzero(clips)),
+                        int(np.count_nonzero(~zero & low)), int(np.count_nonzero(zero))]
         self.at_max += int(at_max.sum())
 
     def values(self) -> ValueStats:
@@ -236,10 +258,15 @@ def _height(shape: tuple[int, ...], rows: int) -> int:
     return max(1, rows)
 
 
-def measure(q, chunk_elements: int = CHUNK_ELEMENTS) -> tuple[ValueStats, CodeStats | None]:
-    """One streamed pass over ``q``: its dequantized statistics and its code counts."""
-    top = None if "zero_point" in q.parts else element_max(q.element)  # asymmetric: n/a
-    run = Pass(q, top, low_limit(q.element, top) if top is not None else None)
+def measure(q, chunk_elements: int = CHUNK_ELEMENTS, power_of_two: bool = False
+            ) -> tuple[ValueStats, CodeStats | None]:
+    """One streamed pass over ``q``: its dequantized statistics and its code counts.
+    ``power_of_two``: the scales are powers of two floored towards the max (not MX's
+    binade rule), so a healthy group's largest code may be half the max exactly and only
+    one below it uses the lowest codes."""
+    top = None if "zero_point" in q.parts else element_top(q.element)  # asymmetric: n/a
+    run = Pass(q, top, low_limit(q.element, top[0]) if top is not None else None,
+               power_of_two)
     for r0, r1, end in run.chunks(chunk_elements):
         run.add(r0, r1, end)
     return run.values(), run.codes()

@@ -147,12 +147,19 @@ def test_double_scales_use_only_the_lowest_codes_and_fail(tmp_path):
 
 
 def test_clipping_in_a_minority_of_groups_warns(tmp_path):
-    def clip_two_blocks(codes, grid):  # 2 of 6 blocks: codes doubled and clipped (33%)
-        for b in (0, 1):
+    def clip_blocks(codes, grid):  # 3 of 20 blocks: codes doubled and clipped (15%)
+        for b in range(3):
             block = codes[:TILE, b * TILE:(b + 1) * TILE].astype(np.float32)
             codes[:TILE, b * TILE:(b + 1) * TILE] = np.clip(block * 2, -448, 448)
-    result = audit_path(str(deepseek(tmp_path / "m", edit=clip_two_blocks)))
+    result = audit_path(str(deepseek(tmp_path / "m", layers=1, shape=(256, 1280),
+                                     edit=clip_blocks)))
     assert verdicts(result)["clipping"] == {"warn"}
+
+    def clip_one(codes, grid):  # one flagged group of several is chance: ok
+        codes[:TILE, :TILE] = np.clip(codes[:TILE, :TILE].astype(np.float32) * 2, -448, 448)
+    result = audit_path(str(deepseek(tmp_path / "one", layers=1, shape=(256, 1280),
+                                     edit=clip_one)))
+    assert verdicts(result)["clipping"] == {"ok"}
 
 
 def test_non_power_of_two_ue8m0_scales_fail(tmp_path):
@@ -209,8 +216,8 @@ def test_nan_codes_fail_values_finite(tmp_path):
 
 
 def test_all_zero_groups_warn(tmp_path):
-    def zero_blocks(codes, grid):  # 1 of 6 blocks: 17% > 5%
-        codes[:TILE, :TILE] = 0
+    def zero_blocks(codes, grid):  # 2 of 6 blocks: 33% > 5%
+        codes[:TILE, :2 * TILE] = 0
     v = verdicts(audit_path(str(deepseek(tmp_path / "m", edit=zero_blocks))))
     assert v["zero-groups"] == {"warn"} and v["lowest-codes"] == {"ok"}
 
@@ -311,8 +318,44 @@ def test_a_per_tensor_group_is_merged_across_chunks():
     assert values.amax == 224 and values.zeros == 64 * 32 - 2 - 320
 
 
+def _one_group(codes: np.ndarray, scale: float = 0.01):
+    from fmtcli.inputs.layouts.base import Quantized
+    from fmtcli.numerics.granularity import ScaleGroup
+
+    codes = np.asarray(codes, np.float32).reshape(1, -1)
+    return Quantized("test", "w", "f", codes.shape, "float8_e4m3fn", "float32",
+                     ScaleGroup("tensor"), {}, lambda r0, r1: codes[r0:r1] * scale, {},
+                     lambda r0, r1: codes[r0:r1], lambda: np.array([scale], np.float32))
+
+
+def test_clipping_needs_a_pile_up_over_a_spread_group():
+    """Top codes piled over the code below in a spread group clip; a group bunched near its
+    amax (every code in the top binade: a LayerNorm weight of ~1.0) or top codes no more
+    frequent than the next code down do not."""
+    spread = np.r_[np.full(8, 448.0), np.full(2, 416.0), np.linspace(1, 300, 54)]
+    assert stats.measure(_one_group(spread))[1].clipping == 1
+    bunched = np.r_[np.full(40, 448.0), np.full(24, 416.0)]
+    assert stats.measure(_one_group(bunched))[1].clipping == 0
+    level = np.r_[np.full(8, 448.0), np.full(8, 416.0), np.linspace(1, 300, 48)]
+    assert stats.measure(_one_group(level))[1].clipping == 0
+    few = np.r_[np.full(4, 448.0), np.linspace(1, 300, 60)]
+    assert stats.measure(_one_group(few))[1].clipping == 0
+
+
+def test_a_floor_rule_s_largest_code_at_half_the_max_is_not_the_lowest_codes():
+    """Power-of-two scales from a floor rule put a healthy group's amax in (max/2, max]:
+    224 exactly after rounding counts as lowest codes only where the scales are not
+    powers of two (an amax rule at double scale gives 224)."""
+    codes = np.r_[224.0, np.linspace(-200, 200, 63)]
+    assert stats.measure(_one_group(codes))[1].lowest == 1
+    assert stats.measure(_one_group(codes), power_of_two=True)[1].lowest == 0
+    assert stats.measure(_one_group(codes / 2), power_of_two=True)[1].lowest == 1
+
+
 def test_clip_count_and_element_max():
-    assert [stats.clip_count(n) for n in (16, 32, 1024, 16384)] == [4, 4, 4, 64]
+    assert [stats.clip_count(n) for n in (16, 32, 1024, 16384)] == [5, 5, 5, 64]
+    assert stats.element_top("float8_e4m3fn") == (448, 416)
+    assert stats.element_top("float4_e2m1fn") == (6, 4)
     assert stats.element_max("float8_e4m3fn") == 448
     assert stats.element_max("float4_e2m1fn") == 6
     assert stats.element_max("int4") == 7 and stats.element_max("uint8") == 255
