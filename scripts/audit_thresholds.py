@@ -55,12 +55,16 @@ LAYOUTS = {  # name: (element, group (rows, cols), cast, max, scale of a group's
     "FP8 128x128": ("float8_e4m3fn", (128, 128), e4m3, 448.0, lambda a: a / 448),
     "FP8 per row": ("float8_e4m3fn", (1, 1024), e4m3, 448.0, lambda a: a / 448),
     "INT4 group 128": ("int4", (1, 128), np.round, 7.0, lambda a: a / 7),
+    # compressed-tensors' symmetric INT4: amax / 7.5, clamped to [-8, 7]
+    "INT4 g128 compressed-tensors": ("int4", (1, 128), lambda v: np.clip(np.round(v), -8, 7),
+                                     8.0, lambda a: a / 7.5),
     # powers of two floored towards the max (DeepSeek's UE8M0, fmt's pow2-floor)
     "FP8 128x128 UE8M0": ("float8_e4m3fn", (128, 128), e4m3, 448.0,
                           lambda a: 2.0 ** np.ceil(np.log2(a / 448))),
 }
 FLOOR_TO_MAX = ("FP8 128x128 UE8M0",)
-WEIGHTS = {"Gaussian": lambda rng, shape: rng.standard_normal(shape),
+WEIGHTS = {"Uniform (torch's Linear init)": lambda rng, shape: rng.uniform(-1, 1, shape),
+           "Gaussian": lambda rng, shape: rng.standard_normal(shape),
            "Student-t(3)": lambda rng, shape: rng.standard_t(3, shape),
            "Student-t(1.5)": lambda rng, shape: rng.standard_t(1.5, shape)}
 

