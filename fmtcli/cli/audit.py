@@ -43,6 +43,7 @@ def audit_command(
     no check fails (1 when one does; with --strict, a warning too).
     """
     from fmtcli.audit import audit_path
+    from fmtcli.render.audit import every
 
     check_not_empty(key=keys)
     progress = StderrProgress("auditing")
@@ -51,7 +52,7 @@ def audit_command(
     finally:
         progress.close()
     if not result.tensors:
-        note(f"no quantized layout found: all {result.plain.count:,} tensors read as "
+        note(f"no quantized layout found: {every(result.plain.count)} read as "
              "plain data")
     emit(result, json_out, top=top, show_all=show_all)
     failing = result.failed + (result.warned if strict else 0)

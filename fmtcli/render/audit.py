@@ -87,13 +87,18 @@ def _title(result: AuditResult) -> Text:
                 f"{layouts}, {plain:,} plain", style="bold")
 
 
+def every(n: int) -> str:
+    """``all 3 tensors``, ``the one tensor``."""
+    return f"all {n:,} tensors" if n != 1 else "the one tensor"
+
+
 def _plain_line(result: AuditResult) -> Text:
     p = result.plain
     if not p.count:
         return Text("Plain data: none (every tensor read as a quantized layout)")
     dtypes = ", ".join(f"{dtype} x{n:,}" for dtype, n in p.dtypes.items())
     if not result.tensors:
-        return Text(f"No quantized layout found: all {p.count:,} tensors read as plain data "
+        return Text(f"No quantized layout found: {every(p.count)} read as plain data "
                     f"({dtypes}; {p.params:,} parameters; --json lists them)")
     return Text(f"Plain data (no layout claimed them): {p.count:,} tensors ({dtypes}), "
                 f"{p.params:,} parameters; --json lists them")
@@ -152,7 +157,8 @@ def _totals(result: AuditResult) -> HeadedRows:
         f"Total of {t.params:,} parameters", "", TOTAL_HEADERS,
         [(None, None, [("", [percent_text(t.quantized_share),
                              percent_text(1 - t.quantized_share) if t.params else "-",
-                             f"{t.quantized_bits_per_param:.3f}", f"{t.effective_bits:.3f}",
+                             f"{t.quantized_bits_per_param:.3f}" if t.quantized_params
+                             else "-", f"{t.effective_bits:.3f}",
                              nominal, verdict_text(t.counts)])])],
         caption="quantized, plain: shares of the parameters; bits q: bits/param of the "
                 "quantized tensors; bits all: of every stored byte")

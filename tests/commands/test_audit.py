@@ -449,3 +449,20 @@ def test_the_failure_shown_in_docs_audit_md_is_the_program_output(tmp_path, monk
     lines = [line.rstrip() for line in result.stdout.rstrip().splitlines()]
     assert lines == [line.rstrip() for line in expected.rstrip().splitlines()]
     assert result.stderr == "Note: 2 checks failed (exit 1)\n"
+
+
+def test_the_pass_reads_whole_groups_in_bounded_chunks(healthy):
+    """No read spans more than the chunk (or one row of tiles); the rows are read once."""
+    q, scan = _scanned(healthy)
+    calls = []
+    rows_reader = q.rows_reader
+
+    def spy(r0, r1):
+        calls.append((r0, r1))
+        return rows_reader(r0, r1)
+    q.rows_reader = spy
+    stats.measure(q, chunk_elements=TILE * 300)  # 128 rows of 300: one row of tiles
+    assert calls == [(0, 128), (128, 200)]
+    calls.clear()
+    stats.measure(q, chunk_elements=1000)  # less than a tile row: still one tile row
+    assert calls == [(0, 128), (128, 200)]
