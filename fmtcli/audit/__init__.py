@@ -130,17 +130,20 @@ class RoleAudit:
 
 @dataclass(frozen=True)
 class PlainTensors:
-    """The tensors no layout claimed, read as plain data: by dtype, and every name."""
+    """The tensors no layout claimed, read as plain data: by dtype, and every one's name
+    (``file:key``) and key (the file where it has none)."""
 
     count: int
     params: int
     stored_bits: int
     dtypes: dict
     names: tuple[str, ...]
+    keys: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"count": self.count, "params": self.params, "stored_bits": self.stored_bits,
-                "dtypes": dict(self.dtypes), "names": list(self.names)}
+                "dtypes": dict(self.dtypes), "names": list(self.names),
+                "keys": list(self.keys)}
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,8 @@ def _plain(sources: list[TensorSource]) -> PlainTensors:
         size = math.prod(s.shape)
         params += size
         bits += int(round(8 * size * itemsize(s.dtype)))
-    return PlainTensors(len(sources), params, bits, dtypes, tuple(s.name for s in sources))
+    return PlainTensors(len(sources), params, bits, dtypes, tuple(s.name for s in sources),
+                        tuple(s.key if s.key is not None else s.source for s in sources))
 
 
 def _model_checks(tensors, plain: PlainTensors, config, nominal) -> list[Check]:

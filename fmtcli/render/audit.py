@@ -32,6 +32,7 @@ TOTAL_HEADERS = ["quantized", "plain", "bits q", "bits all", "nominal", "checks"
 CAPTION = ("bits: stored bits per parameter, scales included; amax, rms: of the dequantized "
            "values; checks: failed (fail) and suspicious (warn)")
 STYLE = {"fail": "bold red", "warn": "yellow"}
+PLAIN_LISTED = 4  # plain tensors named in the table (--json: all)
 
 
 def verdict_text(counts: dict) -> str:
@@ -97,11 +98,14 @@ def _plain_line(result: AuditResult) -> Text:
     if not p.count:
         return Text("Plain data: none (every tensor read as a quantized layout)")
     dtypes = ", ".join(f"{dtype} x{n:,}" for dtype, n in p.dtypes.items())
+    listed = ", ".join(user_text(name) for name in p.keys[:PLAIN_LISTED])
+    more = (f" and {p.count - PLAIN_LISTED:,} more (--json lists them)"
+            if p.count > PLAIN_LISTED else "")
     if not result.tensors:
         return Text(f"No quantized layout found: {every(p.count)} read as plain data "
-                    f"({dtypes}; {p.params:,} parameters; --json lists them)")
+                    f"({dtypes}; {p.params:,} parameters): {listed}{more}")
     return Text(f"Plain data (no layout claimed them): {p.count:,} tensors ({dtypes}), "
-                f"{p.params:,} parameters; --json lists them")
+                f"{p.params:,} parameters: {listed}{more}")
 
 
 def render_audit(result: AuditResult, top: int = SUMMARY_TOP, show_all: bool = False):
@@ -139,8 +143,7 @@ def render_audit(result: AuditResult, top: int = SUMMARY_TOP, show_all: bool = F
         evidence = _evidence(shown, name)
         if evidence:
             parts += [Text("Failed and suspicious checks", style="bold"), *evidence, Text("")]
-    parts.append(_plain_line(result))
-    parts.append(_totals(result))
+    parts += [_plain_line(result), Text(""), _totals(result)]
     for c in result.totals.checks:
         verdict = c.verdict.value
         line = Text()

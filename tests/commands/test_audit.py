@@ -466,3 +466,23 @@ def test_the_pass_reads_whole_groups_in_bounded_chunks(healthy):
     calls.clear()
     stats.measure(q, chunk_elements=1000)  # less than a tile row: still one tile row
     assert calls == [(0, 128), (128, 200)]
+
+
+def test_a_sharded_folder_with_a_weight_and_its_scales_in_different_shards(tmp_path):
+    rng = np.random.default_rng(9)
+    codes, grid = ds_quantize((rng.standard_normal((128, 256)) * 0.02).astype(np.float32))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    write_safetensors(folder / "model-00001-of-00002.safetensors", {KEY.format(0): codes})
+    write_safetensors(folder / "model-00002-of-00002.safetensors",
+                      {KEY.format(0) + "_scale_inv": grid, "norm.weight": np.ones(256, np.float32)})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        KEY.format(0): "model-00001-of-00002.safetensors",
+        KEY.format(0) + "_scale_inv": "model-00002-of-00002.safetensors",
+        "norm.weight": "model-00002-of-00002.safetensors"}}))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [TILE, TILE]}}))
+    for path in (folder, folder / "model.safetensors.index.json"):
+        result = audit_path(str(path))
+        assert [t.key for t in result.tensors] == [KEY.format(0)]
+        assert result.plain.keys == ("norm.weight",) and flagged(result) == set()
