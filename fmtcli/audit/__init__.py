@@ -30,14 +30,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from fmtcli.audit import checks as generic
-from fmtcli.audit import layout_checks
+from fmtcli.audit import layout_checks, passes
 from fmtcli.audit.check import Check, Verdict
-from fmtcli.audit.stats import CodeStats, ValueStats, measure
+from fmtcli.audit.stats import CodeStats, ValueStats
 from fmtcli.base.choices import CHUNK_ELEMENTS
-from fmtcli.base.errors import DataError, FmtError, shown
+from fmtcli.base.errors import DataError, shown
 from fmtcli.inputs import layouts
 from fmtcli.inputs.storage import itemsize
 from fmtcli.inputs.tensors import TensorSource, load_path, select_keys, skipped_records
@@ -218,39 +216,11 @@ class AuditResult:
 
 # -- one tensor ----------------------------------------------------------------------------
 
-def _measured(q, chunk_elements: int) -> generic.Measured | None:
-    """The streamed figures and decoded scales of ``q``; None where its problems forbid
-    reading it; an error reading it becomes ``scales_error`` (a failed check)."""
-    if q.problems:
-        return None
-    scales, scales_error = None, None
-    if q.scales_reader is not None:
-        try:
-            scales = q.scales_reader()
-        except (FmtError, ValueError) as error:
-            scales_error = str(error)
-    try:
-        values, codes = measure(q, chunk_elements, _floor_to_max(q, scales))
-    except (FmtError, ValueError) as error:
-        return generic.Measured(None, None, scales, scales_error or str(error))
-    return generic.Measured(values, codes, scales, scales_error)
-
-
-def _floor_to_max(q, scales) -> bool:
-    """Whether ``q``'s scales are powers of two floored towards the format's max (fmt's
-    ``pow2-floor``, DeepSeek's UE8M0: a group's amax lands in (max/2, max], 224 after
-    rounding), not to the amax's binade as MX's rule does ([2^emax, 2^(emax+1)))."""
-    if scales is None or generic.is_mx(q):
-        return False
-    s = np.asarray(scales, dtype=np.float64)
-    s = s[np.isfinite(s) & (s > 0)]
-    return bool(s.size) and bool(np.all(np.frexp(s)[0] == 0.5))
-
-
-def audit_quantized(q, scan: layouts.Scan, chunk_elements: int = CHUNK_ELEMENTS
-                    ) -> TensorAudit:
-    """One quantized tensor's description, figures and checks (generic, then the layout's)."""
-    m = _measured(q, chunk_elements)
+def audit_quantized(q, scan: layouts.Scan, chunk_elements: int = CHUNK_ELEMENTS,
+                    figures: tuple | None = None) -> TensorAudit:
+    """One quantized tensor's description, figures (``figures``: measured already, by a
+    worker) and checks (generic, then the layout's)."""
+    m = passes.measured(q, chunk_elements, figures)
     found = [generic.run_check(check, q, scan, m) for check in generic.CHECKS]
     if m is not None and m.values is None and m.scales_error:
         found.append(Check("readable", Verdict.FAIL, f"cannot be read: {m.scales_error}"))
@@ -322,9 +292,12 @@ def _model_checks(tensors, plain: PlainTensors, config, nominal) -> list[Check]:
 def audit_sources(sources: list[TensorSource], config: dict | None = None,
                   keys: list[str] | None = None, path: str = "",
                   chunk_elements: int = CHUNK_ELEMENTS,
-                  on_tensor: Callable[[str], None] | None = None) -> AuditResult:
+                  on_tensor: Callable[[str], None] | None = None,
+                  workers: int | None = None) -> AuditResult:
     """Audit one input's tensors (as stored) with its ``quantization_config``; ``keys``
-    picks tensors by logical name or glob (``inputs.tensors.select_keys``)."""
+    picks tensors by logical name or glob (``inputs.tensors.select_keys``); ``workers``
+    forked processes measure the tensors (default: the cores available, at most 8; the
+    figures do not depend on it)."""
     scan = layouts.scan(sources, config)
     quantized, plain = list(scan.quantized), list(scan.plain)
     if keys:
@@ -332,11 +305,16 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
         chosen = {id(s) for s in select_keys([v for v, _ in views] + plain, keys)}
         quantized = [q for view, q in views if id(view) in chosen]
         plain = [s for s in plain if id(s) in chosen]
+    if workers is None:
+        from fmtcli.streaming.parallel import default_workers
+
+        workers = default_workers()
+    figures = passes.measure_all(quantized, chunk_elements, workers)
     tensors = []
-    for q in quantized:
+    for i, q in enumerate(quantized):
         if on_tensor is not None:
             on_tensor(q.name)
-        tensors.append(audit_quantized(q, scan, chunk_elements))
+        tensors.append(audit_quantized(q, scan, chunk_elements, figures.get(i)))
     plain_tensors = _plain(plain)
     weighted = [(t.nominal_bits, t.params) for t in tensors if t.nominal_bits]
     nominal = (sum(n * p for n, p in weighted) / sum(p for _, p in weighted)
@@ -358,10 +336,11 @@ def folder_of(path: str) -> str:
 
 def audit_path(path: str, keys: list[str] | None = None,
                chunk_elements: int = CHUNK_ELEMENTS,
-               on_tensor: Callable[[str], None] | None = None) -> AuditResult:
+               on_tensor: Callable[[str], None] | None = None,
+               workers: int | None = None) -> AuditResult:
     """Audit a file, a folder or a sharded index (``inputs.tensors.load_path``)."""
     sources = load_path(path, as_stored=True)
     if not sources:
         raise DataError(f"nothing to audit ({shown(path)} holds no tensors)")
     return audit_sources(sources, layouts.read_config(folder_of(path)), keys, path,
-                         chunk_elements, on_tensor)
+                         chunk_elements, on_tensor, workers)

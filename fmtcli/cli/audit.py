@@ -8,7 +8,7 @@ import typer
 
 from fmtcli.base.choices import SUMMARY_TOP
 from fmtcli.cli.app import UsageWithEllipsis, app
-from fmtcli.cli.options import JsonOption, KeyOption, check_not_empty
+from fmtcli.cli.options import JsonOption, KeyOption, WorkersOption, check_not_empty
 from fmtcli.cli.output import StderrProgress, emit, note
 
 
@@ -29,6 +29,7 @@ def audit_command(
     strict: Annotated[bool, typer.Option(
         "--strict", help="Exit 1 on a warning too (without it, only a failed check "
         "does).")] = False,
+    workers: WorkersOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Check a quantized checkpoint: layout, scales, codes, bits per parameter.
@@ -48,7 +49,7 @@ def audit_command(
     check_not_empty(key=keys)
     progress = StderrProgress("auditing")
     try:
-        result = audit_path(path, keys, on_tensor=progress.tensor)
+        result = audit_path(path, keys, on_tensor=progress.tensor, workers=workers)
     finally:
         progress.close()
     if not result.tensors:

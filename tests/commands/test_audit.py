@@ -486,3 +486,20 @@ def test_a_sharded_folder_with_a_weight_and_its_scales_in_different_shards(tmp_p
         result = audit_path(str(path))
         assert [t.key for t in result.tensors] == [KEY.format(0)]
         assert result.plain.keys == ("norm.weight",) and flagged(result) == set()
+
+
+@pytest.mark.parametrize("path", ["bert", "broken"])
+def test_the_figures_do_not_depend_on_the_worker_count(tmp_path, path):
+    folder = (deepseek(tmp_path / "m", layers=6, shape=(130, 260)) if path == "bert"
+              else deepseek(tmp_path / "m", layers=3, grid_rows=1))
+    from fmtcli.audit import passes
+
+    scan = layouts.scan(load_path(str(folder), as_stored=True),
+                        layouts.read_config(str(folder)))
+    measured = passes.measure_all(scan.quantized, 1 << 18, 3)
+    assert len(measured) == (6 if path == "bert" else 0)  # every readable one, on workers
+    one = audit_path(str(folder), workers=1).to_dict()
+    three = audit_path(str(folder), workers=3).to_dict()
+    assert one == three
+    runs = [invoke("audit", folder, "--json", "--workers", n) for n in ("1", "2")]
+    assert runs[0].stdout == runs[1].stdout and runs[0].exit_code == runs[1].exit_code
