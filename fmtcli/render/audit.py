@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 HEADERS = ["element", "scale", "bits", "amax", "rms", "checks"]
 ROLE_HEADERS = ["bits", "amax", "rms", "checks"]
 TOTAL_HEADERS = ["quantized", "plain", "bits q", "bits all", "nominal", "checks"]
-CAPTION = ("bits: stored bits per parameter, scales included; amax, rms: of the dequantized "
-           "values; checks: failed (fail) and suspicious (warn)")
+CAPTION = ("beside each name: its shape and what one scale covers; bits: stored bits per "
+           "parameter, scales included; amax, rms: of the dequantized values; checks: "
+           "failed (fail) and suspicious (warn)")
 STYLE = {"fail": "bold red", "warn": "yellow"}
 PLAIN_LISTED = 4  # plain tensors named in the table (--json: all)
 
@@ -137,7 +138,7 @@ def render_audit(result: AuditResult, top: int = SUMMARY_TOP, show_all: bool = F
                  len(tensors) else f"Worst {len(shown):,} of {len(tensors):,} tensors "
                  "(--all: every one)")
         parts.append(HeadedRows(title, "layout", HEADERS,
-                                [(name(t), shape_text(t.shape), [(t.layout,
+                                [(name(t), f"{shape_text(t.shape)}, {t.group}", [(t.layout,
                                                                   _tensor_cells(t))])
                                  for t in shown], caption=CAPTION))
         evidence = _evidence(shown, name)
