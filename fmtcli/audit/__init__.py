@@ -225,7 +225,7 @@ def audit_quantized(q, scan: layouts.Scan, chunk_elements: int = CHUNK_ELEMENTS,
     if m is not None and m.values is None and m.scales_error:
         found.append(Check("readable", Verdict.FAIL, f"cannot be read: {m.scales_error}"))
     for check in layout_checks.CHECKS:
-        found.append(generic.run_check(lambda q, scan, m, c=check: c(q, scan), q, scan, m))
+        found.append(generic.run_check(check, q, scan))
     nominal = q.facts.get("nominal_bits")
     return TensorAudit(
         q.key, q.source, tuple(q.shape), q.layout, q.element, q.scale_dtype,

@@ -327,11 +327,12 @@ CHECKS = (structure, scale_count, scale_dtype, scale_finite, scale_zero, scale_p
           values_finite, clipping, lowest_codes, zero_groups, bits_per_param, config_scheme)
 
 
-def run_check(check, q, scan, m) -> Check | None:
-    """One check; a library error while it reads (a part that fails to open) is its
-    failure, in one line."""
+def run_check(check, *args) -> Check | None:
+    """One check, ``check(*args)`` (a generic one takes ``q, scan, measured``, a layout
+    one ``q, scan``); a library error while it reads (a part that fails to open) is its
+    failure, in one line, under the check's name."""
     try:
-        return check(q, scan, m)
+        return check(*args)
     except FmtError as error:
         return Check(getattr(check, "__name__", "check").replace("_", "-"), Verdict.FAIL,
                      f"could not be read: {error}")

@@ -503,3 +503,14 @@ def test_the_figures_do_not_depend_on_the_worker_count(tmp_path, path):
     assert one == three
     runs = [invoke("audit", folder, "--json", "--workers", n) for n in ("1", "2")]
     assert runs[0].stdout == runs[1].stdout and runs[0].exit_code == runs[1].exit_code
+
+
+def test_a_check_that_cannot_read_a_part_fails_under_its_own_name(healthy):
+    from fmtcli.base.errors import DataError
+
+    def scale_grid(q, scan):
+        raise DataError("its scales are unreadable")
+    q, scan = _scanned(healthy)
+    c = checks.run_check(scale_grid, q, scan)
+    assert (c.name, c.verdict.value) == ("scale-grid", "fail")
+    assert c.evidence == "could not be read: its scales are unreadable"
