@@ -125,7 +125,8 @@ def render_audit(result: AuditResult, top: int = SUMMARY_TOP, show_all: bool = F
         roles = sorted(result.roles, key=lambda r: (-r.checks["fail"], -r.checks["warn"]))
         more = len(roles) - top
         parts.append(HeadedRows(
-            f"By role, worst first: {len(tensors):,} tensors in {len(roles):,} roles"
+            f"By role, worst first: {len(tensors):,} tensors in {len(roles):,} "
+            f"role{'s' * (len(roles) != 1)}"
             + (f"; the {top:,} worst" if more > 0 else ""), "layout", ROLE_HEADERS,
             [(user_text(without_prefix(r.pattern, r.pattern, prefix)), f"x{r.count:,}",
               [(", ".join(r.layouts), _role_cells(r))]) for r in roles[:top]],

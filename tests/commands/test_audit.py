@@ -416,7 +416,7 @@ def test_a_folder_without_quantized_tensors_is_all_plain_and_exits_0(tmp_path):
 def test_many_tensors_are_summarised_by_role_and_all_lists_every_one(tmp_path):
     path = deepseek(tmp_path / "m", layers=10, shape=(128, 128))
     out = invoke("audit", path, env={"COLUMNS": "80"}).stdout
-    assert "By role, worst first: 10 tensors in 1 roles" in out
+    assert "By role, worst first: 10 tensors in 1 role\n" in out
     assert "Worst 5 of 10 tensors" in out
     every = invoke("audit", path, "--all").stdout
     assert all(f"layers.{i}.mlp" in every for i in range(10))
