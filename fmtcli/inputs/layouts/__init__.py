@@ -135,8 +135,15 @@ def _say(found: list[Quantized]) -> None:
 
     coded = [q for q in found if "codes" in q.parts]
     bare = [q for q in found if "codes" not in q.parts]
-    first = (coded or bare)[0]
-    where = shown(os.path.basename(first.source) or first.source)
+    files = sorted({q.source for q in found})
+    if len(files) == 1:  # one file: its name; shards of a folder: the folder
+        where = shown(os.path.basename(files[0]) or files[0])
+    else:
+        try:
+            folder = os.path.commonpath(files)
+        except ValueError:  # absolute and relative paths mixed
+            folder = os.path.dirname(files[0])
+        where = f"{shown(folder or '.')} ({len(files):,} files)"
     said = []
     if coded:
         many = len(coded) != 1
