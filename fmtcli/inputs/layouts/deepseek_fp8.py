@@ -26,6 +26,8 @@ two (DeepGEMM's ``ceil_to_ue8m0``, which DeepSeek-V3.1's FP8 cast uses);
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fmtcli.inputs.layouts.base import (
@@ -34,6 +36,7 @@ from fmtcli.inputs.layouts.base import (
     block_scales,
     e8m0_values,
 )
+from fmtcli.inputs.layouts.ct_nvfp4 import rows_of_lines
 from fmtcli.inputs.storage import itemsize
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -101,17 +104,28 @@ def _quantized(codes, scales, tile, config) -> Quantized:
             from fmtcli.inputs.storage import as_values
 
             cache["grid"] = scale_values(scales.stored(), scales.dtype)
-            cache["codes"] = np.asarray(as_values(codes.stored())).reshape(
-                matrix_shape(shape))
+            cache["codes"] = np.asarray(as_values(codes.stored())).reshape(-1, cols)
         return cache
 
+    def lines(a: int, b: int, scaled: bool = True) -> np.ndarray:
+        """Rows ``a:b`` of the last axis (the blocks' rows), as values or codes."""
+        values = load()["codes"][a:b].astype(np.float32)
+        if scaled:
+            values *= block_scales(load()["grid"], np.arange(a, b), height, tile, cols)
+        return values
+
+    def by_view(r0: int, r1: int, scaled: bool) -> np.ndarray:
+        # the matrix view need not be rows of the last axis (an O x 1 weight is one row,
+        # a 4-D one O x rest): read the last-axis rows it covers
+        if r1 <= r0 or not math.prod(shape):
+            return np.zeros((max(0, r1 - r0), matrix_shape(shape)[1]), dtype=np.float32)
+        return rows_of_lines(lambda a, b: lines(a, b, scaled), r0, r1, shape)
+
     def elements_reader(r0: int, r1: int) -> np.ndarray:
-        return load()["codes"][r0:r1].astype(np.float32)
+        return by_view(r0, r1, False)
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
-        values = elements_reader(r0, r1)
-        values *= block_scales(load()["grid"], np.arange(r0, r1), height, tile, cols)
-        return values
+        return by_view(r0, r1, True)
 
     return Quantized(NAME, codes.key, codes.source, shape, "float8_e4m3fn",
                      "e8m0" if scales.dtype in ("uint8", "float8_e8m0fnu") else scales.dtype,
