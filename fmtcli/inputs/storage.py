@@ -45,8 +45,16 @@ def stored_dtype(name: str) -> np.dtype:
 
 
 def itemsize(name: str) -> int:
-    """Bytes per element of a storage type as stored (no dtype built, nothing imported)."""
-    return ITEMSIZES[name]
+    """Bytes per element of a storage type as stored (no dtype built, nothing imported);
+    a type fmt does not read (complex, strings, dates: a skipped tensor's) by numpy's
+    name (``str96``: 96 bits), 0 where that says nothing."""
+    if name in ITEMSIZES:
+        return ITEMSIZES[name]
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        bits = name.lstrip("abcdefghijklmnopqrstuvwxyz")
+        return int(bits) // 8 if bits.isdigit() and len(bits) < 12 else 0
 
 
 _SAFETENSORS_DTYPES: dict[str, np.dtype] = {}
