@@ -259,7 +259,10 @@ def _plain(sources: list[TensorSource]) -> PlainTensors:
         dtypes[str(s.dtype)] = dtypes.get(str(s.dtype), 0) + 1
         size = math.prod(s.shape)
         params += size
-        bits += int(round(8 * size * itemsize(s.dtype)))
+        try:  # a dtype fmt does not read (complex, strings) counts what numpy says, or 0
+            bits += int(round(8 * size * itemsize(s.dtype)))
+        except (KeyError, TypeError, ValueError):
+            pass
     return PlainTensors(len(sources), params, bits, dtypes, tuple(s.name for s in sources),
                         tuple(s.key if s.key is not None else s.source for s in sources))
 
@@ -316,7 +319,7 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
             on_tensor(q.name)
         tensors.append(audit_quantized(q, scan, chunk_elements, figures.get(i)))
     plain_tensors = _plain(plain)
-    weighted = [(t.nominal_bits, t.params) for t in tensors if t.nominal_bits]
+    weighted = [(t.nominal_bits, t.params) for t in tensors if t.nominal_bits and t.params]
     nominal = (sum(n * p for n, p in weighted) / sum(p for _, p in weighted)
                if weighted else None)
     model = _model_checks(tensors, plain_tensors, scan.config, nominal)

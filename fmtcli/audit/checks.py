@@ -82,6 +82,8 @@ def expected_groups(q) -> set[int]:
     """How many scales ``q.group`` needs over ``q.shape``: blocked matrix by matrix (the
     readers of stacked experts) or over the matrix view as a whole (fmt's own tiles)."""
     rows, cols = q.matrix
+    if rows <= 0 or cols <= 0:
+        return {0}
     out = set()
     heights = {rows}
     if len(q.shape) >= 3 and rows == math.prod(q.shape[:-1]) and q.shape[-2] > 0:

@@ -514,3 +514,35 @@ def test_a_check_that_cannot_read_a_part_fails_under_its_own_name(healthy):
     c = checks.run_check(scale_grid, q, scan)
     assert (c.name, c.verdict.value) == ("scale-grid", "fail")
     assert c.evidence == "could not be read: its scales are unreadable"
+
+
+def test_empty_quantized_tensors_and_odd_plain_dtypes_give_a_result(tmp_path):
+    """A weight with no rows (and its empty grid) and a complex plain tensor: figures of
+    nothing, no division by zero."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    np.savez(folder / "w.npz", **{"w": np.zeros((0, 256), ml_dtypes.float8_e4m3fn).view(np.uint8),
+                                  "c": np.ones(4, np.complex64)})
+    write_safetensors(folder / "model.safetensors", {
+        KEY.format(0): np.zeros((0, 256), ml_dtypes.float8_e4m3fn),
+        KEY.format(0) + "_scale_inv": np.zeros((0, 2), np.float32)})
+    result = audit_path(str(folder / "model.safetensors"))  # empty: plain, skipped
+    assert result.totals.params == 0 and result.totals.nominal_bits is None
+    assert {r["reason"] for r in result.to_dict()["skipped"]} == {"empty"}
+    plain = audit_path(str(folder / "w.npz")).plain
+    assert plain.count == 2 and plain.dtypes["complex64"] == 1
+
+
+def test_the_groups_a_shape_needs():
+    from fmtcli.inputs.layouts.base import Quantized
+    from fmtcli.numerics.granularity import ScaleGroup
+
+    def q(shape, group):
+        return Quantized("t", "w", "f", shape, "float8_e4m3fn", "float32", group, {},
+                         lambda r0, r1: None)
+    tile = ScaleGroup("tile", tile=(128, 128))
+    assert checks.expected_groups(q((200, 300), tile)) == {6}
+    assert checks.expected_groups(q((3, 200, 256), tile)) == {3 * 2 * 2, 5 * 2}
+    assert checks.expected_groups(q((0, 256), tile)) == {0}
+    assert checks.expected_groups(q((64, 128), ScaleGroup("block", 16))) == {64 * 8}
+    assert checks.expected_groups(q((64, 128), ScaleGroup("tensor"))) == {1}
