@@ -213,7 +213,9 @@ def block_scales(grid: np.ndarray, rows: np.ndarray, height: int, tile: tuple[in
     flat = grid.reshape(-1, g_cols)
     matrix, within = np.divmod(rows, height)
     picked = flat[matrix * g_rows + within // tile[0]]
-    return np.repeat(picked, tile[1], axis=1)[:, :cols]
+    # a tile wider than the matrix covers it whole: repeat no further than its columns
+    # (a config's or a file's [1, 2^40] tile would otherwise ask for 2^40 copies)
+    return np.repeat(picked, max(1, min(tile[1], cols)), axis=1)[:, :cols]
 
 
 def check_grid(grid_shape: tuple[int, ...], shape: tuple[int, ...], tile: tuple[int, int],
