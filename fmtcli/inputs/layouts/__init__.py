@@ -19,9 +19,10 @@ import json
 import os
 from dataclasses import dataclass
 
-from fmtcli.base.errors import shown
+from fmtcli.base.errors import DataError, shown
 from fmtcli.inputs.layouts.base import Checkpoint, LayoutNote, Quantized
 from fmtcli.inputs.source import TensorSource
+from fmtcli.inputs.textparse import check_json_depth
 
 #: The reader modules of this package, in claiming order.
 READERS = (
@@ -52,7 +53,8 @@ def layout_names() -> list[str]:
 def read_config(folder: str | None) -> dict | None:
     """``folder/config.json``'s ``quantization_config`` (or ``compression_config``, the
     older compressed-tensors name), or None where the file, the entry or valid JSON is
-    missing (a config is a hint, never a reason to fail)."""
+    missing, or the JSON nests deeper than ``textparse.MAX_JSON_DEPTH`` (a config is a
+    hint, never a reason to fail)."""
     if not folder:
         return None
     path = os.path.join(folder, "config.json")
@@ -60,8 +62,12 @@ def read_config(folder: str | None) -> dict | None:
         if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
             return None
         with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError, RecursionError):
+            text = handle.read()
+        # nesting bounded (the config is shown in fmt audit's --json: a 900-deep one that
+        # json parses would overflow the stack of every writer after it)
+        check_json_depth(text, "config.json")
+        config = json.loads(text)
+    except (OSError, ValueError, RecursionError, DataError):
         return None
     if not isinstance(config, dict):
         return None
