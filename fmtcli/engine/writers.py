@@ -12,6 +12,11 @@
   ``__metadata__``, the same JSON object as the uint8 bytes of a .npz's member
   ``__metadata__`` (``inputs.layouts.fmt_out`` reads both back).
 
+The one .safetensors writer is ``SafetensorsStream``: the header first, from each tensor's
+name, dtype code and shape, then each tensor's bytes as it is made (``write_safetensors``
+for arrays already in memory, ``stream_safetensors`` for tensors made one at a time, and
+``quantize.layout_out``'s checkpoint folders all go through it).
+
 Every file is written to a temporary name (``.fmtcli-*``) in the target directory and
 renamed into place when complete; a write that fails for any reason (disk full, an
 exception midway) removes its temporary and says why in one line.  The target is checked
@@ -25,13 +30,14 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import struct
 import tempfile
 
 import numpy as np
 
-from fmtcli.base.dtypes import SAFETENSORS_CODES
+from fmtcli.base.dtypes import ITEMSIZES, SAFETENSORS_CODES, SAFETENSORS_NAMES
 from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import encode
@@ -40,6 +46,8 @@ from fmtcli.streaming.stream import matrix_shape
 OUT_SUFFIXES = (".npy", ".npz", ".safetensors")
 #: The .npz member holding the metadata (.safetensors: its header's ``__metadata__``).
 NPZ_METADATA = "__metadata__"
+#: The most bytes of a tensor copied into memory at once by ``SafetensorsStream``.
+COPY_BYTES = 64 << 20
 
 
 def check_target(path: str, inputs: list[str], force: bool) -> str:
@@ -271,16 +279,80 @@ def write_safetensors(path: str, arrays: dict[str, np.ndarray],
 
 
 def _write_safetensors(path: str, arrays: dict[str, np.ndarray], metadata: dict) -> None:
+    entries = [(key, SAFETENSORS_CODES[arr.dtype.name], arr.shape)
+               for key, arr in arrays.items()]
+    with open(path, "wb") as handle:
+        stream = SafetensorsStream(handle, entries, metadata)
+        for key, arr in arrays.items():
+            stream.write(key, arr)
+        stream.close()
+
+
+def safetensors_header(entries, metadata: dict | None = None) -> bytes:
+    """The front of a .safetensors holding ``entries`` ((name, safetensors dtype code,
+    shape) each, in the order their bytes follow): the 8-byte little-endian length, then
+    the JSON header (``__metadata__`` first where there is any), padded with spaces so that
+    the data starts 8-aligned (as safetensors' own writer keeps it)."""
     header: dict = {"__metadata__": metadata} if metadata else {}
     offset = 0
-    for key, arr in arrays.items():
-        header[key] = {"dtype": SAFETENSORS_CODES[arr.dtype.name], "shape": list(arr.shape),
-                       "data_offsets": [offset, offset + arr.nbytes]}
-        offset += arr.nbytes
+    for name, code, shape in entries:
+        size = math.prod(shape) * ITEMSIZES[SAFETENSORS_NAMES[code]]
+        header[name] = {"dtype": code, "shape": [int(n) for n in shape],
+                        "data_offsets": [offset, offset + size]}
+        offset += size
     raw = json.dumps(header).encode("utf-8")
     raw += b" " * ((-len(raw)) % 8)
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(raw)))
-        handle.write(raw)
-        for arr in arrays.values():
-            handle.write(arr.tobytes())
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class SafetensorsStream:
+    """One .safetensors written into an open binary file as its tensors are made: the
+    header first, from ``entries`` ((name, safetensors dtype code, shape) each), then each
+    tensor's bytes (``write``, in the entries' order), little-endian, in pieces of at most
+    ``COPY_BYTES`` (a memory map is not copied whole).  Only one tensor need be in memory
+    at a time.  ``close`` checks that every entry was written.  A tensor that is not the
+    next entry (another name, shape or size) is a bug: RuntimeError."""
+
+    def __init__(self, handle, entries, metadata: dict | None = None) -> None:
+        self.handle = handle
+        self.entries = [(name, code, tuple(int(n) for n in shape))
+                        for name, code, shape in entries]
+        self.done = 0
+        handle.write(safetensors_header(self.entries, metadata))
+
+    def write(self, name: str, data: np.ndarray) -> None:
+        if self.done >= len(self.entries):
+            raise RuntimeError(f"safetensors stream: {name!r} is past the last entry")
+        want, code, shape = self.entries[self.done]
+        size = math.prod(shape) * ITEMSIZES[SAFETENSORS_NAMES[code]]
+        if (name, shape, size) != (want, tuple(data.shape), data.nbytes):
+            raise RuntimeError(f"safetensors stream: got {name!r} {list(data.shape)} "
+                               f"({data.nbytes} bytes) where the header has {want!r} "
+                               f"{list(shape)} ({size} bytes)")
+        flat = data.reshape(-1)
+        if flat.dtype.byteorder == ">":
+            flat = flat.byteswap()
+        step = max(1, COPY_BYTES // max(1, flat.itemsize))
+        for start in range(0, flat.size, step):
+            self.handle.write(np.ascontiguousarray(flat[start:start + step]).tobytes())
+        self.done += 1
+
+    def close(self) -> None:
+        if self.done != len(self.entries):
+            raise RuntimeError(f"safetensors stream: {len(self.entries) - self.done} of "
+                               f"{len(self.entries)} tensors not written")
+
+
+def stream_safetensors(path: str, entries, tensors, metadata: dict | None = None) -> None:
+    """A .safetensors at ``path`` streamed from ``tensors`` (an iterable of (name, array)
+    in ``entries``' order, made one at a time: ``SafetensorsStream``), atomically
+    (``write_atomically``: a temporary beside ``path``, renamed when complete, removed on
+    any failure)."""
+    def write(temporary: str) -> None:
+        with open(temporary, "wb") as handle:
+            stream = SafetensorsStream(handle, entries, metadata)
+            for name, data in tensors:
+                stream.write(name, data)
+            stream.close()
+
+    write_atomically(path, write)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -42,12 +41,19 @@ from fmtcli.base.dtypes import SAFETENSORS_CODES
 from fmtcli.base.errors import DataError, Note, Param, UsageError, shown
 from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials
 from fmtcli.engine.run import plan_schemes, quantize_tensor
-from fmtcli.engine.writers import OUT_SUFFIXES, codes_of, output_names
+from fmtcli.engine.writers import OUT_SUFFIXES, SafetensorsStream, codes_of, output_names
 from fmtcli.inputs.source import TensorSource
-from fmtcli.numerics.schemes import Scheme
+from fmtcli.numerics.schemes import Scheme, for_tensor
 from fmtcli.quantize import layout_tensors as lt
 from fmtcli.streaming.parallel import shared_array
-from fmtcli.streaming.stream import CHUNK_ELEMENTS, ChunkReader, chunk_slices, matrix_shape
+from fmtcli.streaming.stream import (
+    CHUNK_ELEMENTS,
+    ChunkReader,
+    chunk_slices,
+    matrix_shape,
+    tile_of,
+    view_shape,
+)
 
 MODEL = "model.safetensors"
 WRITTEN = (MODEL, "config.json", "hf_quant_config.json")
@@ -56,7 +62,6 @@ WRITTEN = (MODEL, "config.json", "hf_quant_config.json")
 #: "gate", "*_gate" or holding "router": DeepSeek-V3 keeps its gate in bfloat16, ModelOpt
 #: keeps routers "in original precision", llm-compressor's MoE recipes ignore "mlp.gate")
 NOT_LINEAR = ("lm_head", "head", "wte", "wpe", "shared", "gate")
-COPY_BYTES = 64 << 20
 
 
 class LayoutNote(Note):
@@ -205,44 +210,47 @@ def write_layout(plan: LayoutPlan, *, seed: int = 0, chunk_elements: int = CHUNK
 
 
 def _write_model(handle, plan: LayoutPlan, options: dict, on_tensor) -> None:
-    """model.safetensors, streamed: a header reserved at the front (padded with spaces, as
-    the format allows), then each tensor's bytes as it is made, then the header."""
-    reserve = 256 + sum(160 + 6 * len(n) for n in plan.names) * 3  # JSON escapes: 6 a char
-    reserve += -reserve % 8  # the data starts 8-aligned, as safetensors' own writer keeps it
-    handle.write(b"\0" * (8 + reserve))
-    header: dict = {"__metadata__": {"format": "pt", "producer": "fmtcli"}}
-    offset = 0
+    """model.safetensors, streamed (``engine.writers.SafetensorsStream``): the header
+    first, from every tensor's name, dtype and shape, then each tensor's bytes as it is
+    made (one weight's codes in memory at a time)."""
+    entries = [entry for name, source, quantized in zip(plan.names, plan.sources,
+                                                        plan.quantized)
+               for entry in _entries(name, source, quantized, plan)]
+    stream = SafetensorsStream(handle, entries, {"format": "pt", "producer": "fmtcli"})
     for name, source, quantized in zip(plan.names, plan.sources, plan.quantized):
         if on_tensor:
             on_tensor(source.name)
-        for member, code, data, size in _members(name, source, quantized, plan, options):
-            shape = list(data.shape)
-            header[member] = {"dtype": code, "shape": shape,
-                              "data_offsets": [offset, offset + size]}
-            _write_data(handle, data)
-            offset += size
-    raw = json.dumps(header).encode("utf-8")
-    if len(raw) > reserve:  # a bug in the estimate: said in one line, nothing left behind
-        raise DataError(f"cannot write {shown(plan.directory)}: its header outgrew its space")
-    handle.seek(0)
-    handle.write(struct.pack("<Q", reserve) + raw + b" " * (reserve - len(raw)))
+        for member, data in _members(name, source, quantized, plan, options):
+            stream.write(member, data)
+    stream.close()
 
 
-def _members(name: str, source: TensorSource, quantized: bool, plan: LayoutPlan,
-             options: dict):
-    """(member name, safetensors dtype code, array, bytes) of one source's tensors."""
+def _entries(name: str, source: TensorSource, quantized: bool, plan: LayoutPlan):
+    """(member name, safetensors dtype code, shape) of one source's tensors, before any
+    is made: a copied tensor as stored; a quantized weight's as ``layout_tensors`` makes
+    them, its scale grid one scale per tile of the scheme the engine applies to it."""
     if not quantized:
         code = SAFETENSORS_CODES.get(source.dtype)
         if code is None:
             raise DataError(f"{shown(source.name)}: {source.dtype} has no safetensors type; "
                             "it cannot be copied into " + Param("layout", plan.layout.value))
-        data = np.asarray(source.stored())
-        yield name, code, data, data.nbytes
+        return [(name, code, tuple(source.shape))]
+    rows, cols = matrix_shape(source.shape)
+    scheme = for_tensor(plan.scheme, source.key, len(view_shape(source.shape)))
+    tr, tc = tile_of(scheme, source.shape)
+    return lt.layout_entries(plan.layout, plan.scheme, name, (rows, cols),
+                             (-(-rows // tr), -(-cols // tc)))
+
+
+def _members(name: str, source: TensorSource, quantized: bool, plan: LayoutPlan,
+             options: dict):
+    """(member name, array) of one source's tensors, in ``_entries``' order."""
+    if not quantized:
+        yield name, np.asarray(source.stored())
         return
     codes, grid, g = engine_codes(source, plan.scheme, options)
-    for member, code, data in lt.layout_tensors(plan.layout, plan.scheme, name, codes, grid,
-                                                g):
-        yield member, code, data, data.nbytes
+    for member, _, data in lt.layout_tensors(plan.layout, plan.scheme, name, codes, grid, g):
+        yield member, data
 
 
 def engine_codes(source: TensorSource, scheme: Scheme, options: dict):
@@ -276,16 +284,6 @@ def tensor_scale(source: TensorSource, scheme: Scheme, chunk_elements: int) -> f
         reader.close()
     apply_first_pass(plans, partial, hists)
     return float(plans[0].tensor_scale)
-
-
-def _write_data(handle, data: np.ndarray) -> None:
-    """An array's bytes, little-endian, in pieces (a memory map is not copied whole)."""
-    flat = data.reshape(-1)
-    if flat.dtype.byteorder == ">":
-        flat = flat.byteswap()
-    step = max(1, COPY_BYTES // max(1, flat.itemsize))
-    for start in range(0, flat.size, step):
-        handle.write(np.ascontiguousarray(flat[start:start + step]).tobytes())
 
 
 def _write_configs(folder: str, plan: LayoutPlan) -> None:

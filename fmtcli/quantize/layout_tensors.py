@@ -167,30 +167,46 @@ def module_of(key: str) -> str:
     return key[: -len("weight")]
 
 
+def layout_entries(layout: OutLayout, scheme: Scheme, key: str, matrix: tuple[int, int],
+                   grid_shape: tuple[int, int]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """One weight's stored tensors before they are made: (name, safetensors dtype code,
+    shape) each, for a ``matrix`` (rows, columns) weight whose engine scale grid has
+    ``grid_shape`` (the header ``engine.writers.SafetensorsStream`` writes first)."""
+    layout, m = OutLayout(layout), module_of(key)
+    rows, cols = matrix
+    grid_shape = tuple(grid_shape)
+    if is_nvfp4(scheme):
+        packed = (rows, cols // 2)
+        if layout is OutLayout.MODELOPT_NVFP4:
+            return [(key, "U8", packed), (m + "weight_scale", "F8_E4M3", grid_shape),
+                    (m + "weight_scale_2", "F32", ())]
+        return [(m + "weight_packed", "U8", packed), (m + "weight_scale", "F8_E4M3", grid_shape),
+                (m + "weight_global_scale", "F32", (1,))]
+    if layout is OutLayout.DEEPSEEK_FP8:
+        return [(key, "F8_E4M3", matrix), (key + "_scale_inv", "F32", grid_shape)]
+    scale = (1,) if scheme.granularity is Granularity.TENSOR else grid_shape
+    return [(key, "F8_E4M3", matrix), (m + "weight_scale", "F32", scale)]
+
+
 def layout_tensors(layout: OutLayout, scheme: Scheme, key: str, codes: np.ndarray,
                    grid: np.ndarray, g: float | None) -> list[tuple[str, str, np.ndarray]]:
-    """One weight's stored tensors: (name, safetensors dtype code, array) each.  ``codes``:
-    the engine's element codes (uint8, the matrix's shape); ``grid``: its scales ``s`` per
-    tile; ``g``: NVFP4's tensor scale."""
-    layout, m = OutLayout(layout), module_of(key)
+    """One weight's stored tensors: (name, safetensors dtype code, array) each, as
+    ``layout_entries`` names them.  ``codes``: the engine's element codes (uint8, the
+    matrix's shape); ``grid``: its scales ``s`` per tile; ``g``: NVFP4's tensor scale."""
+    layout = OutLayout(layout)
+    entries = layout_entries(layout, scheme, key, codes.shape, np.shape(grid))
     if is_nvfp4(scheme):
         d = nvfp4_block_scales(grid, g, key)
-        packed = pack_fp4(codes)
-        block = e4m3_bytes(d)
         if layout is OutLayout.MODELOPT_NVFP4:
             # ModelOpt stores 1.0 for an all-zero block (its codes are 0 either way)
-            block = e4m3_bytes(np.where(d == 0, np.float32(1), d))
-            second = np.array(1.0 / np.float64(np.float32(g)), dtype=np.float32)
-            return [(key, "U8", packed), (m + "weight_scale", "F8_E4M3", block),
-                    (m + "weight_scale_2", "F32", second.reshape(()))]
-        return [(m + "weight_packed", "U8", packed), (m + "weight_scale", "F8_E4M3", block),
-                (m + "weight_global_scale", "F32", np.array([g], dtype=np.float32))]
-    d = dequantization_scales(grid)
-    if layout is OutLayout.DEEPSEEK_FP8:
-        return [(key, "F8_E4M3", codes), (key + "_scale_inv", "F32", d)]
-    if scheme.granularity is Granularity.TENSOR:
-        d = d.reshape(1)
-    return [(key, "F8_E4M3", codes), (m + "weight_scale", "F32", d)]
+            arrays = [pack_fp4(codes), e4m3_bytes(np.where(d == 0, np.float32(1), d)),
+                      np.array(1.0 / np.float64(np.float32(g)), dtype=np.float32)]
+        else:
+            arrays = [pack_fp4(codes), e4m3_bytes(d), np.array([g], dtype=np.float32)]
+    else:
+        arrays = [codes, dequantization_scales(grid)]
+    return [(name, code, array.reshape(shape))
+            for (name, code, shape), array in zip(entries, arrays)]
 
 
 def _ct_weights(scheme: Scheme) -> dict:
