@@ -198,3 +198,254 @@ def mxfp4_gptoss(folder, weights: dict[str, np.ndarray], *, swapped_nibbles: boo
                                                                  "lm_head"]}
     _write(folder, tensors, quant if config else None, None)
     return Fixture(Path(folder), expected)
+
+
+# -- the rest of the layouts, from their definitions (tensors only; ``write_layout`` writes) --
+#
+# - ``deepseek_fp8_tensors``: DeepSeek-V3 ``README_WEIGHTS.md`` (float8_e4m3fn weight,
+#   float32 ``weight_scale_inv`` = amax / 448 per 128 x 128 block, edges partial; ``ue8m0``:
+#   DeepGEMM's ``ceil_to_ue8m0``, the scale rounded up to a power of two).
+# - ``ct_tensors``: compressed-tensors 0.20.1 (``compressors/naive_quantized``, ``mxfp8``,
+#   ``mxfp4``, ``nvfp4``, ``pack_quantized``; ``quantization/utils/helpers.py``
+#   ``calculate_qparams`` / ``generate_gparam``; ``mxfp_utils.py`` ``generate_mx_scales``).
+# - ``kv_tensors``: vLLM's ``k_scale`` / ``v_scale`` (dequantization direction, amax / 448).
+
+def linear_init(seed: int, shape) -> np.ndarray:
+    """torch.nn.Linear's default initialisation: U(-1/sqrt(I), 1/sqrt(I)), float32."""
+    bound = 1 / np.sqrt(shape[-1])
+    return np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32)
+
+
+def llm_like(seed: int, shape) -> tuple[np.ndarray, np.ndarray]:
+    """A trained-LLM-like weight and its layer norm: Student-t(5) values times log-normal
+    input-channel gains, four outlier channels (x8); the norm's gains the reciprocal of the
+    columns' (a tied anchor, as trained layers' outlier channels are)."""
+    rng = np.random.default_rng(seed)
+    gains = np.exp(0.5 * rng.standard_normal(shape[-1]))
+    gains[rng.choice(shape[-1], 4, replace=False)] *= 8
+    w = rng.standard_t(5, shape) * gains * 0.02
+    return w.astype(np.float32), (1 / gains).astype(np.float32)
+
+
+def _tile_amax(w: np.ndarray, tile: int = 128) -> np.ndarray:
+    rows, cols = w.shape
+    padded = np.zeros((-(-rows // tile) * tile, -(-cols // tile) * tile))
+    padded[:rows, :cols] = np.abs(w)
+    return padded.reshape(padded.shape[0] // tile, tile, -1, tile).max(axis=(1, 3))
+
+
+def _expand(grid: np.ndarray, shape, tile=(128, 128)) -> np.ndarray:
+    return np.repeat(np.repeat(grid.astype(np.float64), tile[0], 0), tile[1], 1)[
+        :shape[0], :shape[1]]
+
+
+def deepseek_fp8_tensors(key: str, w: np.ndarray, ue8m0: bool = False,
+                         factor: float = 1.0) -> dict:
+    """DeepSeek-V3 FP8 of one O x I weight; ``factor``: the codes made with factor x the
+    scale (0.5: an exporter that divided by half the right scale, the codes clipped)."""
+    amax = _tile_amax(w)
+    grid = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)
+    if ue8m0:
+        grid = np.ldexp(np.float32(1), np.ceil(np.log2(grid)).astype(np.int32)).astype(
+            np.float32)
+    codes = np.clip(w / (_expand(grid, w.shape) * factor), -E4M3_MAX, E4M3_MAX)
+    return {key: codes.astype(ml_dtypes.float8_e4m3fn), key + "_scale_inv": grid}
+
+
+def deepseek_config(ue8m0: bool = False) -> dict:
+    return {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+            "activation_scheme": "dynamic", **({"scale_fmt": "ue8m0"} if ue8m0 else {})}
+
+
+def ct_mx_bytes(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """compressed-tensors' E8M0 bytes of blocks (..., 32) (``generate_mx_scales``): amax
+    rounded up a binade when its significand is >= 1.75, floor(log2) - offset (2 for FP4,
+    8 for FP8), bias 127."""
+    amax = np.abs(blocks.astype(np.float64)).max(axis=-1)
+    mantissa, exponent = np.frexp(np.where(amax > 0, amax, 1.0))
+    floor_log2 = exponent - 1 + (mantissa >= 0.875)
+    return np.clip(127 + floor_log2 - offset, 0, 254).astype(np.uint8)
+
+
+def _pack_int32(q: np.ndarray, bits: int) -> np.ndarray:
+    """compressed-tensors' ``pack_to_int32`` for 4 or 8 bits: offset to unsigned, 32 / bits
+    values per word, the first in the lowest bits."""
+    per = 32 // bits
+    u = (q.astype(np.int64) + (1 << (bits - 1))).astype(np.uint64)
+    u = u.reshape(q.shape[0], -1, per) << (np.arange(per, dtype=np.uint64) * bits)
+    return u.sum(axis=-1).astype(np.uint32).view(np.int32)
+
+
+CT_SCHEMES = {  # scheme -> (config format, weights args of its config group)
+    "fp8-tensor": ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "tensor"}),
+    "fp8-channel": ("float-quantized", {"num_bits": 8, "type": "float",
+                                        "strategy": "channel"}),
+    "fp8-block": ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "block",
+                                      "block_structure": [128, 128]}),
+    "mxfp8": ("mxfp8-quantized", {"num_bits": 8, "type": "float", "strategy": "group",
+                                  "group_size": 32, "scale_dtype": "torch.uint8"}),
+    "mxfp4": ("mxfp4-pack-quantized", {"num_bits": 4, "type": "float", "strategy": "group",
+                                       "group_size": 32, "scale_dtype": "torch.uint8"}),
+    "nvfp4": ("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                                       "group_size": 16}),
+    "int4": ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group",
+                                "group_size": 128}),
+    "int8": ("pack-quantized", {"num_bits": 8, "type": "int", "strategy": "group",
+                                "group_size": 128}),
+    "int8-channel": ("pack-quantized", {"num_bits": 8, "type": "int", "strategy": "channel"}),
+}
+
+
+def ct_config(scheme: str, kv: bool = False) -> dict:
+    """config.json's quantization_config as ``ModelCompressor.update_config`` writes it
+    (the fields fmt reads); ``kv``: a static FP8 ``kv_cache_scheme``."""
+    fmt, weights = CT_SCHEMES[scheme]
+    weights = {"symmetric": True, "dynamic": False, "group_size": None, **weights}
+    kv_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                 "symmetric": True} if kv else None
+    return {"quant_method": "compressed-tensors", "quantization_status": "compressed",
+            "format": fmt, "ignore": ["lm_head"], "kv_cache_scheme": kv_scheme,
+            "config_groups": {"group_0": {"targets": ["Linear"], "format": fmt,
+                                          "weights": weights, "input_activations": None}}}
+
+
+def _ct_fp8(w: np.ndarray, scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """(weight_scale float32, the scale expanded to w's shape) of an FP8 scheme."""
+    if scheme == "fp8-tensor":
+        scale = np.array([np.abs(w).max() / E4M3_MAX], np.float32)
+        return scale, np.full(w.shape, np.float64(scale[0]))
+    if scheme == "fp8-channel":
+        scale = (np.abs(w).max(axis=1, keepdims=True) / E4M3_MAX).astype(np.float32)
+        return scale, np.repeat(scale.astype(np.float64), w.shape[1], axis=1)
+    scale = (_tile_amax(w) / E4M3_MAX).astype(np.float32)
+    return scale, _expand(scale, w.shape)
+
+
+def ct_tensors(stem: str, w: np.ndarray, scheme: str) -> dict:
+    """A compressed-tensors module ``stem`` (``model.layers.0.self_attn.q_proj``) of one
+    O x I float32 weight in ``scheme`` (a key of ``CT_SCHEMES``), from the definition."""
+    w = np.asarray(w, np.float32)
+    o, i = w.shape
+    if scheme.startswith("fp8"):
+        scale, full = _ct_fp8(w, scheme)
+        codes = np.clip(w / full, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+        return {stem + ".weight": codes, stem + ".weight_scale": scale}
+    if scheme.startswith("mx"):
+        blocks = w.reshape(o, -1, 32).astype(np.float64)
+        scale = ct_mx_bytes(blocks, 2 if scheme == "mxfp4" else 8)
+        scaled = (blocks / np.ldexp(1.0, scale.astype(np.int32) - 127)[..., None]).reshape(o, i)
+        if scheme == "mxfp8":
+            codes = np.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+            return {stem + ".weight": codes, stem + ".weight_scale": scale}
+        return {stem + ".weight_packed": pack(fp4_codes(scaled)), stem + ".weight_scale": scale}
+    if scheme == "nvfp4":
+        glob = np.float32(E2M1_MAX * E4M3_MAX / np.abs(w).max())
+        blocks = w.reshape(o, -1, 16).astype(np.float64)
+        scale = (np.float64(glob) * np.abs(blocks).max(-1) / E2M1_MAX).astype(
+            ml_dtypes.float8_e4m3fn)
+        per = scale.astype(np.float64)[..., None] / np.float64(glob)
+        codes = fp4_codes((blocks / np.where(per == 0, 1, per)).reshape(o, i))
+        return {stem + ".weight_packed": pack(codes), stem + ".weight_scale": scale,
+                stem + ".weight_global_scale": np.array([glob], np.float32)}
+    bits = 4 if scheme == "int4" else 8
+    group = i if scheme == "int8-channel" else 128
+    qmax = (1 << (bits - 1)) - 1
+    amax = np.abs(w).reshape(o, -1, group).max(-1)
+    scale = (amax / (qmax + 0.5)).astype(np.float32)  # amax / ((q_max - q_min) / 2)
+    q = np.clip(np.round(w / np.repeat(scale, group, axis=1)), -qmax - 1, qmax)  # float32
+    return {stem + ".weight_packed": _pack_int32(q, bits), stem + ".weight_scale": scale,
+            stem + ".weight_shape": np.array([o, i], np.int64)}
+
+
+def kv_tensors(layer: int = 0, heads: int | None = None, seed: int = 0) -> dict:
+    """vLLM's KV-cache scales of one layer (float32, amax / 448 for amaxes of 2-40; one
+    per tensor, or ``heads`` values per KV head)."""
+    rng = np.random.default_rng(seed)
+    shape = () if heads is None else (heads,)
+    prefix = f"model.layers.{layer}.self_attn."
+    return {prefix + s: (rng.uniform(2, 40, shape) / E4M3_MAX).astype(np.float32)
+            for s in ("k_scale", "v_scale")}
+
+
+def write_layout(folder, tensors: dict, config: dict | None) -> Path:
+    """model.safetensors of ``tensors`` and config.json with ``config`` as its
+    quantization_config (None: no config.json)."""
+    return _write(folder, tensors, config, None)
+
+
+def swap_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Every byte's two nibbles exchanged (a high-nibble-first writer's bytes)."""
+    return ((packed >> 4) | (packed << 4)).astype(np.uint8)
+
+
+#: the battery's compressed-tensors scheme -> the library's preset that writes it
+CT_PRESETS = {"fp8-tensor": "FP8", "fp8-channel": "FP8_DYNAMIC", "fp8-block": "FP8_BLOCK",
+              "mxfp8": "MXFP8A16", "mxfp4": "MXFP4A16", "nvfp4": "NVFP4A16",
+              "int4": "W4A16", "int8": "W8A16"}
+
+
+def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None = None):
+    """The same module written by compressed-tensors itself (None where the library or
+    its 0.20 API is missing): a Linear named ``stem`` holding ``w`` (float32) under the
+    preset ``CT_PRESETS[scheme]``, its qparams from the library's ``calculate_qparams``
+    over the strategy's min/max (``generate_gparam`` for NVFP4's global scale; a static
+    input scale set to 1/32), compressed by ``ModelCompressor`` and saved as
+    ``save_pretrained`` saves it; ``extra``: plain tensors written beside it."""
+    try:
+        import torch
+        from compressed_tensors.compressors import ModelCompressor
+        from compressed_tensors.quantization import (
+            QuantizationConfig,
+            apply_quantization_config,
+            preset_name_to_scheme,
+        )
+        from compressed_tensors.quantization.utils import (
+            calculate_qparams,
+            generate_gparam,
+            maybe_pad_tensor_for_block_quant,
+        )
+        from safetensors.torch import save_file as torch_save
+    except ImportError:
+        return None
+    root = torch.nn.Module()
+    parent = root
+    *path, last = stem.split(".")
+    for name in path:
+        parent.add_module(name, torch.nn.Module())
+        parent = getattr(parent, name)
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    parent.add_module(last, linear)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(np.asarray(w, np.float32)))
+    apply_quantization_config(root, QuantizationConfig(config_groups={
+        "group_0": preset_name_to_scheme(CT_PRESETS[scheme], ["Linear"])}))
+    args, x = linear.quantization_scheme.weights, linear.weight.data
+    glob = None
+    if hasattr(linear, "weight_global_scale"):
+        glob = generate_gparam(x.min(), x.max())
+        linear.weight_global_scale.data.copy_(glob)
+    strategy = getattr(args.strategy, "value", args.strategy)
+    if strategy == "tensor":
+        low, high = x.amin(), x.amax()
+    elif strategy == "channel":
+        low, high = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    elif strategy == "block":
+        bh, bw = args.block_structure
+        padded = maybe_pad_tensor_for_block_quant(x, (bh, bw))
+        tiles = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
+        low, high = tiles.amin((1, 3)), tiles.amax((1, 3))
+    else:
+        groups = x.unflatten(-1, (-1, args.group_size))
+        low, high = groups.amin(-1), groups.amax(-1)
+    scale, _ = calculate_qparams(low, high, args, global_scale=glob)
+    linear.weight_scale.data.copy_(scale.reshape(linear.weight_scale.shape))
+    if hasattr(linear, "input_scale"):
+        linear.input_scale.data.fill_(0.03125)
+    compressor = ModelCompressor.from_pretrained_model(root)
+    compressor.compress_model(root)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in root.state_dict().items()}
+    tensors.update({k: torch.from_numpy(np.asarray(v)) for k, v in (extra or {}).items()})
+    torch_save(tensors, str(Path(folder) / "model.safetensors"))
+    compressor.update_config(str(folder))
+    return Path(folder)

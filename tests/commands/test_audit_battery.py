@@ -3,13 +3,15 @@ know (issue 24): healthy checkpoints of two kinds of weights pass, each known-br
 flagged by the right check, and the tables fit 80 and 120 columns.
 
 Layouts (``LAYOUTS``): DeepSeek-V3 FP8 (float32 and UE8M0 scales), compressed-tensors FP8
-per tensor / channel / 128x128 block, MXFP8, MXFP4, NVFP4, pack-quantized INT4 (group 128)
-and INT8 (channel), ModelOpt NVFP4, gpt-oss MXFP4, KV-cache scales (beside a
+per tensor / channel / 128x128 block, MXFP8, MXFP4, NVFP4, pack-quantized INT4 and INT8
+(group 128, the W4A16 / W8A16 presets) and INT8 per channel, ModelOpt NVFP4, gpt-oss MXFP4, KV-cache scales (beside a
 compressed-tensors FP8 weight) and fmt's own ``--out`` (written by ``fmt quantize``).  The
 fixtures are written from the layouts' published definitions by ``tests/layout_fixtures.py``
-(each writer cites its definition); compressed-tensors' own library writes its layouts in
-the test of ``test_the_library_s_own_exports`` (skipped without it; run with
-/tmp/ctcheck/bin/python -m pytest).
+(each writer cites its definition).  Where compressed-tensors is installed (run with
+/tmp/ctcheck/bin/python -m pytest; skipped without it) the library writes each of its
+layouts from the same weights (``lf.ct_library``: its presets, ``calculate_qparams``,
+``ModelCompressor``): fmt reads the library's files as the definition's, bit for bit, and
+audits and compares them alike.
 
 Weights (``WEIGHTS``): ``llm`` -- Student-t(5) values times log-normal input-channel gains
 with four outlier channels, the layer norm's gains the columns' reciprocal (as trained
@@ -40,13 +42,15 @@ WIDTHS = (80, 120)
 
 CT = {"ct-fp8-tensor": "fp8-tensor", "ct-fp8-channel": "fp8-channel",
       "ct-fp8-block": "fp8-block", "ct-mxfp8": "mxfp8", "ct-mxfp4": "mxfp4",
-      "ct-nvfp4": "nvfp4", "ct-int4": "int4", "ct-int8": "int8"}
+      "ct-nvfp4": "nvfp4", "ct-int4": "int4", "ct-int8": "int8",
+      "ct-int8-channel": "int8-channel"}
 #: the battery's layout name -> the reader that must claim its weight
 LAYOUTS = {"deepseek-fp8": "deepseek-fp8", "deepseek-ue8m0": "deepseek-fp8",
            "ct-fp8-tensor": "compressed-tensors-fp8", "ct-fp8-channel": "compressed-tensors-fp8",
            "ct-fp8-block": "compressed-tensors-fp8", "ct-mxfp8": "compressed-tensors-mx",
            "ct-mxfp4": "compressed-tensors-mx", "ct-nvfp4": "compressed-tensors-nvfp4",
            "ct-int4": "compressed-tensors-pack", "ct-int8": "compressed-tensors-pack",
+           "ct-int8-channel": "compressed-tensors-pack",
            "modelopt-nvfp4": "modelopt-nvfp4", "gptoss-mxfp4": "gptoss-mxfp4",
            "kv-scales": "kv-scales", "fmt-out-fp8": "fmt-out", "fmt-out-nvfp4": "fmt-out"}
 WEIGHTS = ("llm", "uniform")
@@ -56,8 +60,9 @@ FALSE_ALARMS = {
     ("ct-mxfp4", "uniform"): "mx-scale-rule warns: 97.6% of blocks reach 6 (uniform init: "
                              "every block has nearly one amax, 5.66 x the scale at I=512)",
     ("gptoss-mxfp4", "uniform"): "mx-scale-rule warns: 97.6% of blocks reach 6 (as ct-mxfp4)",
-    ("ct-int8", "uniform"): "clipping warns on 16.8% of rows: ~4 codes expected at 127 and "
-                            "4 at 126 per 512-value row, 'twice the next' is chance",
+    ("ct-int8-channel", "uniform"): "clipping warns on 16.8% of rows: ~4 codes expected at "
+                                    "127 and 4 at 126 per 512-value row, 'twice the next' "
+                                    "is chance",
 }
 
 
@@ -383,3 +388,53 @@ def test_broken_in_a_fresh_process(broken, case):
     doc = strict_loads(done.stdout.decode())
     assert name is None or (name, verdict) in {(c["name"], c["verdict"]) for t in doc["tensors"]
                                for c in t["checks"]}
+
+
+# -- compressed-tensors' own exports ------------------------------------------------------
+
+def _dequantized(folder: Path) -> np.ndarray:
+    from fmtcli.inputs.tensors import load_path
+
+    (source,) = [s for s in load_path(str(folder)) if s.quantized is not None]
+    return source.quantized.dequantize()
+
+
+LIBRARY_ALARMS = {("mxfp4", "uniform"): FALSE_ALARMS["ct-mxfp4", "uniform"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", WEIGHTS)
+@pytest.mark.parametrize("scheme", list(lf.CT_PRESETS))
+def test_the_library_s_own_exports(tmp_path, scheme, kind):
+    pytest.importorskip("compressed_tensors")
+    orig = original("ct-" + scheme, kind)
+    folder = lf.ct_library(tmp_path / "lib", STEM, orig[KEY], scheme, extra={NORM: orig[NORM]})
+    if folder is None:
+        pytest.skip("this compressed-tensors lacks the 0.20 API the writer drives")
+    mine = lf.write_layout(tmp_path / "def", lf.ct_tensors(STEM, orig[KEY], scheme),
+                           lf.ct_config(scheme))
+    ours, theirs = _dequantized(mine), _dequantized(folder)
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))  # same bytes read
+    save_file(orig, str(tmp_path / "orig.safetensors"))
+    doc = compare_json(tmp_path / "orig.safetensors", folder)
+    if (scheme, kind) != ("int4", "llm"):  # COMPARE_ALARMS
+        assert doc["flagged"] == 0, [t["reasons"] for t in doc["tensors"]]
+    code, doc = audit_json(folder)
+    if (scheme, kind) in LIBRARY_ALARMS:
+        assert flags(doc), "fixed? drop the alarm from LIBRARY_ALARMS and FALSE_ALARMS"
+        return
+    assert flags(doc) == [] and code == 0, flags(doc)
+    assert_document(doc, "ct-" + scheme)
+
+
+@pytest.mark.xfail(strict=True, reason="mx-scale-rule FAILS a healthy compressed-tensors "
+                   "MXFP4 export of nn.Linear's init at I=384 and 2048 (100%, 98.0% of blocks "
+                   "at 6: every block's amax is near 1/sqrt(I), which the rule puts in (5, 7) "
+                   "x the scale); the library's own file fails the same")
+@pytest.mark.parametrize("columns", [384, 2048])
+def test_uniform_init_mxfp4_at_common_widths_passes(tmp_path, columns):
+    w = lf.linear_init(3, (64, columns))
+    folder = lf.write_layout(tmp_path / "m", lf.ct_tensors(STEM, w, "mxfp4"),
+                             lf.ct_config("mxfp4"))
+    code, doc = audit_json(folder)
+    assert flags(doc) == [] and code == 0, flags(doc)
