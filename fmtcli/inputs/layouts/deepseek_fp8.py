@@ -33,10 +33,10 @@ import numpy as np
 from fmtcli.inputs.layouts.base import (
     Checkpoint,
     Quantized,
-    block_scales,
     e8m0_values,
 )
 from fmtcli.inputs.layouts.ct_nvfp4 import rows_of_lines
+from fmtcli.inputs.layouts.lookup import byte_float_values, per_block, tile_rows
 from fmtcli.inputs.storage import itemsize
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -101,17 +101,17 @@ def _quantized(codes, scales, tile, config) -> Quantized:
 
     def load() -> dict:
         if not cache:
-            from fmtcli.inputs.storage import as_values
-
             cache["grid"] = scale_values(scales.stored(), scales.dtype)
-            cache["codes"] = np.asarray(as_values(codes.stored())).reshape(-1, cols)
+            cache["codes"] = np.asarray(codes.stored()).reshape(-1, cols)
         return cache
 
     def lines(a: int, b: int, scaled: bool = True) -> np.ndarray:
-        """Rows ``a:b`` of the last axis (the blocks' rows), as values or codes."""
-        values = load()["codes"][a:b].astype(np.float32)
+        """Rows ``a:b`` of the last axis (the blocks' rows), as values or codes (float32
+        products, as ``block_scales`` would give: the scale broadcast per tile)."""
+        values = byte_float_values(load()["codes"][a:b])
         if scaled:
-            values *= block_scales(load()["grid"], np.arange(a, b), height, tile, cols)
+            picked = tile_rows(load()["grid"], np.arange(a, b), height, tile[0])
+            per_block(values, picked, tile[1])
         return values
 
     def by_view(r0: int, r1: int, scaled: bool) -> np.ndarray:
