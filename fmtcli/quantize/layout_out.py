@@ -42,6 +42,7 @@ from fmtcli.base.errors import DataError, Note, Param, UsageError, shown
 from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials
 from fmtcli.engine.run import plan_schemes, quantize_tensor
 from fmtcli.engine.writers import OUT_SUFFIXES, SafetensorsStream, codes_of, output_names
+from fmtcli.inputs.layouts.base import json_object
 from fmtcli.inputs.source import TensorSource
 from fmtcli.numerics.schemes import Scheme, for_tensor
 from fmtcli.quantize import layout_tensors as lt
@@ -162,20 +163,7 @@ def plan_layout(directory: str, layout: OutLayout | str, scheme: Scheme,
                       if not q and len(s.shape) == 2 and n.endswith(".weight")})
     folder = inputs[0] if len(inputs) == 1 and os.path.isdir(inputs[0]) else None
     return LayoutPlan(directory, layout, scheme, tuple(sources), tuple(names), quantized,
-                      tuple(ignored), _input_config(folder))
-
-
-def _input_config(folder: str | None) -> dict | None:
-    """The input folder's ``config.json`` (a dict), or None (no folder, no file, not JSON)."""
-    path = os.path.join(folder, "config.json") if folder else None
-    try:
-        if path and os.path.isfile(path) and os.path.getsize(path) <= 16 << 20:
-            with open(path, encoding="utf-8") as handle:
-                config = json.load(handle)
-            return config if isinstance(config, dict) else None
-    except (OSError, ValueError, RecursionError):
-        return None
-    return None
+                      tuple(ignored), json_object(folder, "config.json"))
 
 
 def write_layout(plan: LayoutPlan, *, seed: int = 0, chunk_elements: int = CHUNK_ELEMENTS,

@@ -15,14 +15,12 @@ every analysis reads it: each quantized tensor as one float32 tensor of its logi
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from dataclasses import dataclass
 
-from fmtcli.base.errors import DataError, shown
-from fmtcli.inputs.layouts.base import Checkpoint, LayoutNote, Quantized
+from fmtcli.base.errors import shown
+from fmtcli.inputs.layouts.base import Checkpoint, LayoutNote, Quantized, json_object
 from fmtcli.inputs.source import TensorSource
-from fmtcli.inputs.textparse import check_json_depth
 
 #: The reader modules of this package, in claiming order.
 READERS = (
@@ -37,7 +35,6 @@ READERS = (
     "kv_scales",
 )
 
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 def reader(name: str):
@@ -54,24 +51,9 @@ def read_config(folder: str | None) -> dict | None:
     """``folder/config.json``'s ``quantization_config`` (or ``compression_config``, the
     older compressed-tensors name), or None where the file, the entry or valid JSON is
     missing, or the JSON nests deeper than ``textparse.MAX_JSON_DEPTH`` (a config is a
-    hint, never a reason to fail)."""
-    if not folder:
-        return None
-    path = os.path.join(folder, "config.json")
-    try:
-        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
-            return None
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-        # nesting bounded (the config is shown in fmt audit's --json: a 900-deep one that
-        # json parses would overflow the stack of every writer after it)
-        check_json_depth(text, "config.json")
-        config = json.loads(text)
-    except (OSError, ValueError, RecursionError, DataError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    found = config.get("quantization_config", config.get("compression_config"))
+    hint, never a reason to fail: ``base.json_object``)."""
+    config = json_object(folder, "config.json")
+    found = config and config.get("quantization_config", config.get("compression_config"))
     return found if isinstance(found, dict) else None
 
 

@@ -16,7 +16,9 @@ vLLM's ``k_scale``: ``x = code * d``) or fmt's own *quantization* scale ``s``
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +26,7 @@ import numpy as np
 
 from fmtcli.base.errors import DataError, Note, shown
 from fmtcli.inputs.source import TensorSource
+from fmtcli.inputs.textparse import check_json_depth
 from fmtcli.numerics.granularity import ScaleGroup
 
 
@@ -107,7 +110,10 @@ class Quantized:
         """One chunk of the matrix view, dequantized: float32 (rows, cols), C-contiguous."""
         if self.problems:
             raise DataError(f"{shown(self.name)}: {self.problems[0]}")
-        block = self.rows_reader(rows.start, rows.stop)
+        # scales that overflow their products (3e38, inf, NaN) decode to inf/NaN, the
+        # stored bytes' meaning (fmt audit's values-finite counts them): no numpy warning
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            block = self.rows_reader(rows.start, rows.stop)
         n_cols = self.matrix[1]
         if cols.start == 0 and cols.stop >= n_cols:
             return np.ascontiguousarray(block, dtype=np.float32)
@@ -160,6 +166,32 @@ def part(checkpoint: Checkpoint, key: str, owner: str) -> TensorSource:
     if found is None or found.opener is None:
         raise DataError(f"{shown(owner)}: its {shown(key)} is missing or unreadable")
     return found
+
+
+#: A config file larger than this is no config (a hint is never worth reading 16 MiB).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def json_object(folder: str | None, name: str) -> dict | None:
+    """``folder/name`` as a JSON object (a dict), or None where the folder, the file, valid
+    JSON or an object is missing, the file is over ``MAX_CONFIG_BYTES``, or its JSON nests
+    deeper than ``textparse.MAX_JSON_DEPTH`` (a config is a hint, never a reason to fail;
+    and a 900-deep one that json parses would overflow the stack of every writer after it,
+    fmt audit's ``--json`` and ``--layout``'s config.json among them).  The one reader of
+    a checkpoint's config files: ``config.json``, ModelOpt's ``hf_quant_config.json``."""
+    if not folder:
+        return None
+    path = os.path.join(folder, name)
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
+            return None
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        check_json_depth(text, name)
+        found = json.loads(text)
+    except (OSError, ValueError, RecursionError, DataError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def values_of(source: TensorSource) -> np.ndarray:

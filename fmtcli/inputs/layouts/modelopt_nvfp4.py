@@ -36,12 +36,11 @@ Stacked experts (E x O x I/2 with E x O x I/16 block scales) are read matrix by 
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, values_of
+from fmtcli.inputs.layouts.base import Checkpoint, Quantized, json_object, values_of
 from fmtcli.inputs.layouts.fp4_blocks import dequantized_rows, fp4_values, row_span
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -53,7 +52,6 @@ REFERENCE = ("nvidia-modelopt modelopt/torch/quantization/qtensor/nvfp4_tensor.p
 
 BLOCK = 16
 GLOBAL_DTYPES = ("float32", "bfloat16", "float16", "float64")
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
 SCALE_RULE = ("weight_scale_2 = amax / (6 * 448); weight_scale = float8_e4m3fn(block_amax "
               "/ (6 * weight_scale_2)) clamped to [2^-9, 448], 1.0 for all-zero blocks")
 FACTS = {"scale_direction": "dequantization (x = code * scale)",
@@ -63,18 +61,10 @@ FACTS = {"scale_direction": "dequantization (x = code * scale)",
 
 def hf_quant_config(folder: str | None) -> dict | None:
     """``folder/hf_quant_config.json``'s ``quantization`` entry (ModelOpt's own record of
-    the scheme), or None where the file, the entry or valid JSON is missing."""
-    if not folder:
-        return None
-    path = os.path.join(folder, "hf_quant_config.json")
-    try:
-        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
-            return None
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError, RecursionError):
-        return None
-    found = config.get("quantization") if isinstance(config, dict) else None
+    the scheme), or None where the file, the entry or valid JSON is missing
+    (``base.json_object``)."""
+    config = json_object(folder, "hf_quant_config.json")
+    found = config.get("quantization") if config else None
     return found if isinstance(found, dict) else None
 
 

@@ -1,0 +1,59 @@
+"""The pieces the layout readers and writers share, defined once (``inputs.layouts.base``):
+the config-file reader ``json_object`` behind ``layouts.read_config``, ModelOpt's
+``hf_quant_config`` and ``fmt quantize --layout``'s copy of the input's config.json.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import json_of
+
+from fmtcli.engine.writers import write_safetensors
+from fmtcli.inputs import layouts
+from fmtcli.inputs.layouts import base
+from fmtcli.inputs.layouts.modelopt_nvfp4 import hf_quant_config
+
+DEEP = "[" * 900 + "]" * 900
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"a": 1}', {"a": 1}), ("[1, 2]", None), ("not json", None), ("\xff", None),
+    ('{"a": ' + DEEP + "}", None)])
+def test_json_object_is_a_dict_or_none(tmp_path, text, expected):
+    (tmp_path / "c.json").write_text(text, encoding="latin-1")
+    assert base.json_object(str(tmp_path), "c.json") == expected
+    assert base.json_object(str(tmp_path), "missing.json") is None
+    assert base.json_object(None, "c.json") is None
+
+
+def test_a_config_over_the_size_limit_is_no_config(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"a": 1}}))
+    assert layouts.read_config(str(tmp_path)) == {"a": 1}
+    monkeypatch.setattr(base, "MAX_CONFIG_BYTES", 10)
+    assert layouts.read_config(str(tmp_path)) is None
+
+
+def test_every_config_reader_refuses_a_deep_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"quantization_config": {"x": ' + DEEP + "}}")
+    (tmp_path / "hf_quant_config.json").write_text('{"quantization": {"x": ' + DEEP + "}}")
+    assert layouts.read_config(str(tmp_path)) is None
+    assert hf_quant_config(str(tmp_path)) is None
+    (tmp_path / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "NVFP4"}}')
+    assert hf_quant_config(str(tmp_path)) == {"quant_algo": "NVFP4"}
+
+
+def test_layout_out_copies_the_input_config_through_the_same_reader(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    write_safetensors(str(folder / "model.safetensors"),
+                      {"l.proj.weight": np.linspace(-1, 1, 64 * 32, dtype=np.float32)
+                       .reshape(64, 32)})
+    (folder / "config.json").write_text('{"model_type": "llama", "deep": ' + DEEP + "}")
+    json_of("quantize", folder, "--per", "row", "--out", tmp_path / "out", "--layout",
+            "compressed-tensors")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "model_type" not in written and written["quantization_config"]["format"] == \
+        "naive-quantized"
