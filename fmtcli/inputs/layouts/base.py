@@ -209,8 +209,8 @@ def e8m0_values(codes: np.ndarray) -> np.ndarray:
     """The float32 values of E8M0 scale bytes (OCP MX v1.0: ``2^(b - 127)``; 255 is NaN).
     b = 0 is 2^-127, a float32 subnormal: exact."""
     b = np.asarray(codes, dtype=np.uint8).astype(np.int32)
-    out = np.ldexp(np.float32(1.0), b - 127).astype(np.float32)
-    out[b == 255] = np.nan
+    out = np.ldexp(np.float32(1.0), np.where(b == 255, 0, b) - 127).astype(np.float32)
+    out[b == 255] = np.nan  # (2^128 is not formed: no overflow warning)
     return out
 
 
