@@ -68,7 +68,7 @@ def rule(element: str) -> str:
 
 
 def claim(checkpoint: Checkpoint) -> list[Quantized]:
-    found = []
+    found, modules = [], set()
     for key, codes in checkpoint.tensors.items():
         for suffix, dtype, element in (("weight", "float8_e4m3fn", "float8_e4m3fn"),
                                        ("weight_packed", "uint8", "float4_e2m1fn")):
@@ -78,8 +78,10 @@ def claim(checkpoint: Checkpoint) -> list[Quantized]:
                 continue
             scales = checkpoint.get(sibling(module, "weight_scale"))
             if (scales is None or scales.dtype not in SCALE_DTYPES or scales.opener is None
-                    or checkpoint.get(sibling(module, "weight_global_scale")) is not None):
+                    or checkpoint.get(sibling(module, "weight_global_scale")) is not None
+                    or module in modules):  # a weight and a weight_packed: the first
                 continue
+            modules.add(module)
             found.append(_quantized(checkpoint, module, codes, scales, element))
     return found
 
