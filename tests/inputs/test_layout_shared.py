@@ -57,3 +57,21 @@ def test_layout_out_copies_the_input_config_through_the_same_reader(tmp_path):
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "model_type" not in written and written["quantization_config"]["format"] == \
         "naive-quantized"
+
+
+def test_fp4_and_e8m0_values_are_the_definitions_bit_for_bit():
+    """OCP MX v1.0: E2M1 (section 5.3.3: sign, 2 exponent bits bias 1, 1 mantissa bit) and
+    E8M0 (section 5.4.1: 2^(b - 127), 0xFF NaN), typed here from the specification."""
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    want = np.array(e2m1 + [-v for v in e2m1], dtype=np.float32)
+    assert base.FP4_VALUES.dtype == np.float32
+    assert base.FP4_VALUES.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    codes = np.arange(256, dtype=np.uint8)
+    got = base.e8m0_values(codes.reshape(16, 16))
+    assert got.shape == (16, 16) and got.dtype == np.float32
+    want = np.array([2.0 ** (b - 127) for b in range(255)], dtype=np.float32)
+    assert got.reshape(-1)[:255].view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.isnan(got.reshape(-1)[255])
+    packed = np.array([[0x21, 0xF8]], dtype=np.uint8)  # low nibble first: 0.5, 1 | -0, -6
+    assert base.unpack_fp4(packed).tolist() == [[0.5, 1.0, -0.0, -6.0]]
+    assert base.unpack_fp4(packed, low_first=False).tolist() == [[1.0, 0.5, -6.0, -0.0]]

@@ -27,6 +27,8 @@ import numpy as np
 from fmtcli.base.errors import DataError, Note, shown
 from fmtcli.inputs.source import TensorSource
 from fmtcli.inputs.textparse import check_json_depth
+from fmtcli.numerics.codes import all_values
+from fmtcli.numerics.formats import get_format
 from fmtcli.numerics.granularity import ScaleGroup
 
 
@@ -205,18 +207,21 @@ def values_of(source: TensorSource) -> np.ndarray:
     return arr.astype(np.float32)
 
 
+#: The float32 value of every E8M0 scale byte, by code (OCP MX v1.0: ``2^(b - 127)``, 255 is
+#: NaN; b = 0 is 2^-127, a float32 subnormal: exact): the format registry's
+#: ``float8_e8m0fnu`` decoded (``numerics.codes.all_values``), not a second definition.
+E8M0_VALUES = all_values(get_format("float8_e8m0fnu")).astype(np.float32)
+
+
 def e8m0_values(codes: np.ndarray) -> np.ndarray:
-    """The float32 values of E8M0 scale bytes (OCP MX v1.0: ``2^(b - 127)``; 255 is NaN).
-    b = 0 is 2^-127, a float32 subnormal: exact."""
-    b = np.asarray(codes, dtype=np.uint8).astype(np.int32)
-    out = np.ldexp(np.float32(1.0), np.where(b == 255, 0, b) - 127).astype(np.float32)
-    out[b == 255] = np.nan  # (2^128 is not formed: no overflow warning)
-    return out
+    """The float32 values of E8M0 scale bytes (``E8M0_VALUES``: ``2^(b - 127)``; 255 is
+    NaN), the codes' shape."""
+    return E8M0_VALUES[np.asarray(codes, dtype=np.uint8)]
 
 
-#: The 16 values of FP4 E2M1 (OCP MX v1.0), by 4-bit code (bit 3 is the sign).
-FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+#: The 16 values of FP4 E2M1 (OCP MX v1.0: +-0, 0.5, 1, 1.5, 2, 3, 4, 6), by 4-bit code
+#: (bit 3 is the sign): the registry's ``float4_e2m1fn`` decoded, as float32.
+FP4_VALUES = all_values(get_format("float4_e2m1fn")).astype(np.float32)
 
 
 def unpack_fp4(packed: np.ndarray, low_first: bool = True) -> np.ndarray:
