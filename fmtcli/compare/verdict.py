@@ -14,7 +14,9 @@ granularity (``own_scheme``: ``Quantized.element`` and ``Quantized.group`` as a
 - E8M0 scales (powers of two): blocks use the OCP MX rule ``mx-floor`` (``mxfp8``/``mxfp4``
   recipes: OCP MX v1.0 section 6.3), tiles the power of two that does not saturate
   (``pow2-floor``: DeepSeek-V3.1's UE8M0 scale_inv = 2^ceil(log2(amax / 448)));
-- an element format fmt has no name for (int4/int8 with zero points): no fmt's own, the
+- symmetric integers (int1-int8, compressed-tensors' pack-quantized): the symmetric grid
+  amax / q_max per group (``compare.integer``), which fmt's formats do not hold;
+- an element format fmt has no name for (integers with zero points): no fmt's own, the
   verdict stands on the cosine alone.
 
 The verdict (``judge``) flags the failures of an exporter that ModelOpt issue #2160 shows
@@ -138,6 +140,12 @@ def judge_pair(ref: TensorSource, test: TensorSource, stats: CompareStats,
         x2 = _energy(a.sum_x2, a.sum_x2_big, a.sum_x2_tiny)
         e2 = math.inf if a.unbounded else _energy(a.sum_err2, a.sum_err2_big,
                                                   a.sum_err2_tiny)
+    if run is None and q is not None:  # an integer grid fmt has no format for
+        from fmtcli.compare.integer import own_integer
+
+        own = own_integer(ref if test.quantized is not None else test, q)
+        if own is not None:
+            own_sqnr, x2, e2, label = own
     verdict, reasons = judge(stats, own_sqnr)
     return Judgement(getattr(q, "layout", None), label, own_sqnr, verdict, reasons, x2, e2)
 

@@ -215,17 +215,7 @@ def test_healthy_tables_fit(healthy, layout, kind, width):
         assert_fits(done.stdout, width)
 
 
-COMPARE_ALARMS = {
-    ("ct-int4", "llm"): "compare flags cosine 0.975 < 0.99: fmt has no int4 of its own, so "
-                        "the floor is applied alone; INT4 g128 of these weights reaches "
-                        "0.973 under amax/7 too",
-}
-
-
-@pytest.mark.parametrize(("layout", "kind"), [
-    pytest.param(*p.values, marks=[*p.marks, pytest.mark.xfail(
-        strict=True, reason=COMPARE_ALARMS[tuple(p.values)])], id=p.id)
-    if tuple(p.values) in COMPARE_ALARMS else p for p in cases(alarms=False)])
+@pytest.mark.parametrize(("layout", "kind"), cases(alarms=False))
 def test_healthy_compare_is_ok(healthy, layout, kind):
     folder, orig = healthy[layout, kind]
     doc = compare_json(orig, folder)
@@ -417,8 +407,7 @@ def test_the_library_s_own_exports(tmp_path, scheme, kind):
     assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))  # same bytes read
     save_file(orig, str(tmp_path / "orig.safetensors"))
     doc = compare_json(tmp_path / "orig.safetensors", folder)
-    if (scheme, kind) != ("int4", "llm"):  # COMPARE_ALARMS
-        assert doc["flagged"] == 0, [t["reasons"] for t in doc["tensors"]]
+    assert doc["flagged"] == 0, [t["reasons"] for t in doc["tensors"]]
     code, doc = audit_json(folder)
     if (scheme, kind) in LIBRARY_ALARMS:
         assert flags(doc), "fixed? drop the alarm from LIBRARY_ALARMS and FALSE_ALARMS"
