@@ -1,9 +1,11 @@
 """The streamed passes of ``fmt audit``: each quantized tensor's figures, on forked workers.
 
 ``measured(q)`` reads one tensor (``stats.measure``) and decodes its scales;
-``measure_all`` runs the passes of many tensors on ``workers`` forked processes
-(``streaming.parallel.run_tasks``: tensor i on worker i % workers), each writing its
-tensor's figures into one row of shared memory, merged back in checkpoint order.  A
+``measure_all`` runs the passes on ``workers`` forked processes
+(``streaming.parallel.run_tasks``): a tensor of at least two chunks per worker has its
+chunks spread over them (``stats.measure(workers=...)``, merged in chunk order), the
+others go one per worker (tensor i on worker i % workers), each writing its figures into
+one row of shared memory, merged back in checkpoint order.  A
 tensor is measured by one process whatever the count, so the figures do not depend on
 it.  A tensor a worker cannot read is measured again here, where its error becomes a
 failed check with its message.  Scales are decoded again here for the checks, one tensor
@@ -45,6 +47,15 @@ def _scales(q):
         return None, str(error)
 
 
+def _chunks(q, chunk_elements: int) -> int:
+    """How many chunks ``q``'s pass reads; 0 where one group spans a matrix (read in one
+    process)."""
+    from fmtcli.audit.stats import Pass
+
+    run = Pass(q, None, None)
+    return 0 if run.spanning else sum(1 for _ in run.chunks(chunk_elements))
+
+
 def measured(q, chunk_elements: int = CHUNK_ELEMENTS, figures=None) -> Measured | None:
     """The streamed figures and decoded scales of ``q`` (``figures``: its (values, codes)
     from a worker); None where its problems forbid reading it; an error reading it becomes
@@ -82,9 +93,21 @@ def measure_all(quantized: list, chunk_elements: int, workers: int) -> dict[int,
     ``workers`` forked workers (empty with one worker: ``measured`` reads each in turn)."""
     from fmtcli.streaming import parallel
 
-    todo = [i for i, q in enumerate(quantized) if not q.problems]
-    if workers <= 1 or len(todo) <= 1 or not parallel.can_fork():
+    readable = [i for i, q in enumerate(quantized) if not q.problems]
+    if workers <= 1 or not readable or not parallel.can_fork():
         return {}
+    found = {}
+    big = [i for i in readable if _chunks(quantized[i], chunk_elements) >= 2 * workers]
+    for i in big:  # one at a time, its chunks on the workers
+        q = quantized[i]
+        try:
+            scales, _ = _scales(q)
+            found[i] = measure(q, chunk_elements, floor_to_max(q, scales), workers)
+        except (FmtError, ValueError):
+            pass  # measured again in ``measured``, for its message
+    todo = [i for i in readable if i not in found and i not in big]
+    if len(todo) <= 1:
+        return found
     rows = parallel.shared_array((len(todo), COLUMNS), np.float64)
 
     def task(item: int, worker: int) -> int:
@@ -99,4 +122,5 @@ def measure_all(quantized: list, chunk_elements: int, workers: int) -> dict[int,
         return q.size
 
     parallel.run_tasks(task, len(todo), workers)
-    return {i: _figures(rows[k]) for k, i in enumerate(todo) if rows[k, 0] == 1}
+    found.update({i: _figures(rows[k]) for k, i in enumerate(todo) if rows[k, 0] == 1})
+    return found

@@ -50,6 +50,8 @@ CLIP_SHARE = 1 / 256
 CLIP_LEAST = 5
 #: a clipping group holds more top codes than this times the codes one magnitude down
 PILE_UP = 2.0
+#: the numbers of ``Pass.state``
+STATE = 11
 
 
 def clip_count(n: int) -> int:
@@ -145,25 +147,32 @@ class CodeStats:
                 "element_max": self.top}
 
 
-def _group_counts(codes: np.ndarray, tile: tuple[int, int], top: float, below: float):
+def _group_counts(codes: np.ndarray, tile: tuple[int, int], top: float, below: float,
+                  whole: bool = True):
     """(amax, at_max, at_below, nonzero, size, far) per tile of one chunk of codes: 2-D
     arrays (``at_below``: elements at the next magnitude down from the top; ``far``:
     2 top - the smallest nonzero |code|, 0 for an all-zero tile, so that it merges by
-    max)."""
+    max).  ``whole``: the tiles are whole groups, so ``at_below`` and ``far`` (needed only
+    where a group has ``clip_count`` top codes) are left zero where none has."""
     tr, tc = tile
     mag = np.abs(codes)
     mag[~np.isfinite(mag)] = 0  # a NaN code (E4M3's 0x7f) counts as neither
 
     def count(mask: np.ndarray) -> np.ndarray:
-        return tile_view(mask.astype(np.int32), tr, tc).sum(axis=(-3, -1))
+        return tile_view(mask, tr, tc).sum(axis=(-3, -1), dtype=np.int64)
 
     rows, cols = codes.shape
     r_sizes = np.minimum(tr, rows - np.arange(0, rows, tr))
     c_sizes = np.minimum(tc, cols - np.arange(0, cols, tc))
+    size = np.outer(r_sizes, c_sizes)
+    at_max = count(mag >= top)
+    if whole and not np.any(at_max >= np.maximum(CLIP_LEAST, np.ceil(size * CLIP_SHARE))):
+        zeros = np.zeros_like(at_max)
+        return tile_amax(mag, tr, tc), at_max, zeros, count(mag != 0), size, zeros
     far = tile_view(np.where(mag > 0, np.float32(2 * top) - mag, 0), tr, tc).max(
         axis=(-3, -1))
-    return (tile_amax(mag, tr, tc), count(mag >= top), count(mag == below),
-            count(mag != 0), np.outer(r_sizes, c_sizes), far)
+    return (tile_amax(mag, tr, tc), at_max, count(mag == below), count(mag != 0), size,
+            far)
 
 
 class Pass:
@@ -194,15 +203,16 @@ class Pass:
                 yield r0, min(m1, r0 + step), m1
 
     def add(self, r0: int, r1: int, matrix_end: int) -> None:
-        x = self.q.read(slice(r0, r1), slice(0, self.cols))
-        finite = np.isfinite(x)
+        x = self.q.read(slice(r0, r1), slice(0, self.cols)).ravel()
+        finite = int(np.count_nonzero(np.isfinite(x)))
         self.count += x.size
-        self.nonfinite += int(x.size - np.count_nonzero(finite))
-        self.zeros += int(np.count_nonzero(x == 0))
-        values = np.abs(x[finite]).astype(np.float64)
+        self.nonfinite += x.size - finite
+        self.zeros += int(x.size - np.count_nonzero(x))
+        values = x if finite == x.size else x[np.isfinite(x)]  # the common case: no copy
         if values.size:
-            self.amax = max(self.amax, float(values.max()))
-            self.squares += float(np.dot(values, values))
+            self.amax = max(self.amax, float(values.max()), -float(values.min()))
+            wide = values.astype(np.float64)
+            self.squares += float(np.dot(wide, wide))
         if self.top is not None and self.q.elements_reader is not None:
             self._codes(self.q.elements_reader(r0, r1), r1 == matrix_end)
 
@@ -210,7 +220,7 @@ class Pass:
         codes = np.asarray(codes, dtype=np.float32).reshape(-1, self.cols)
         self.elements += codes.size
         tile = (codes.shape[0] if self.spanning else self.tile[0], self.tile[1])
-        counts = _group_counts(codes, tile, self.top, self.below)
+        counts = _group_counts(codes, tile, self.top, self.below, not self.spanning)
         if not self.spanning:
             self._close(*(c.ravel() for c in counts))
             return
@@ -237,6 +247,23 @@ class Pass:
                         int(np.count_nonzero(~zero & low)), int(np.count_nonzero(zero))]
         self.at_max += int(at_max.sum())
 
+    def state(self) -> list[float]:
+        """What ``add`` accumulated, as numbers (a worker's row; ``merge`` adds one)."""
+        return [self.count, self.zeros, self.nonfinite, self.amax, self.squares,
+                *self.totals.tolist(), self.at_max, self.elements]
+
+    def merge(self, row) -> None:
+        """Add another pass's ``state`` over other whole groups (in chunk order)."""
+        count, zeros, nonfinite, amax, squares, *totals, at_max, elements = row
+        self.count += int(count)
+        self.zeros += int(zeros)
+        self.nonfinite += int(nonfinite)
+        self.amax = max(self.amax, float(amax))
+        self.squares += float(squares)
+        self.totals += np.asarray(totals, dtype=np.int64)
+        self.at_max += int(at_max)
+        self.elements += int(elements)
+
     def values(self) -> ValueStats:
         finite = self.count - self.nonfinite
         return ValueStats(self.count, self.amax,
@@ -258,15 +285,35 @@ def _height(shape: tuple[int, ...], rows: int) -> int:
     return max(1, rows)
 
 
-def measure(q, chunk_elements: int = CHUNK_ELEMENTS, power_of_two: bool = False
-            ) -> tuple[ValueStats, CodeStats | None]:
+def measure(q, chunk_elements: int = CHUNK_ELEMENTS, power_of_two: bool = False,
+            workers: int = 1) -> tuple[ValueStats, CodeStats | None]:
     """One streamed pass over ``q``: its dequantized statistics and its code counts.
     ``power_of_two``: the scales are powers of two floored towards the max (not MX's
     binade rule), so a healthy group's largest code may be half the max exactly and only
-    one below it uses the lowest codes."""
+    one below it uses the lowest codes.  ``workers``: forked processes reading its chunks
+    (whole groups each; merged in chunk order, so the figures do not depend on them; a
+    tensor-spanning group is read in one process)."""
     top = None if "zero_point" in q.parts else element_top(q.element)  # asymmetric: n/a
-    run = Pass(q, top, low_limit(q.element, top[0]) if top is not None else None,
-               power_of_two)
-    for r0, r1, end in run.chunks(chunk_elements):
-        run.add(r0, r1, end)
+
+    def fresh() -> Pass:
+        return Pass(q, top, low_limit(q.element, top[0]) if top is not None else None,
+                    power_of_two)
+    run = fresh()
+    chunks = list(run.chunks(chunk_elements))
+    if workers > 1 and not run.spanning and len(chunks) > 1:
+        from fmtcli.streaming import parallel
+
+        rows = parallel.shared_array((len(chunks), STATE), np.float64)
+
+        def task(item: int, worker: int) -> int:
+            one = fresh()
+            one.add(*chunks[item])
+            rows[item] = one.state()
+            return 1
+        parallel.run_tasks(task, len(chunks), workers)
+        for row in rows:  # in chunk order: the same sums as one process
+            run.merge(row)
+    else:
+        for r0, r1, end in chunks:
+            run.add(r0, r1, end)
     return run.values(), run.codes()

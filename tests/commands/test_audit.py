@@ -546,3 +546,19 @@ def test_the_groups_a_shape_needs():
     assert checks.expected_groups(q((0, 256), tile)) == {0}
     assert checks.expected_groups(q((64, 128), ScaleGroup("block", 16))) == {64 * 8}
     assert checks.expected_groups(q((64, 128), ScaleGroup("tensor"))) == {1}
+
+
+def test_a_large_tensor_s_chunks_on_workers_give_the_figures_of_one_process(tmp_path):
+    from fmtcli.audit import passes
+
+    folder = deepseek(tmp_path / "m", layers=1, shape=(1024, 256), factor=0.5)
+    scan = layouts.scan(load_path(str(folder), as_stored=True),
+                        layouts.read_config(str(folder)))
+    chunk = TILE * 256  # one tile row a chunk: 8 chunks, at least 2 per worker
+    assert passes._chunks(scan.quantized[0], chunk) == 8
+    q = scan.quantized[0]
+    assert stats.measure(q, chunk, workers=3) == stats.measure(q, chunk)
+    assert len(passes.measure_all(scan.quantized, chunk, 3)) == 1
+    one = audit_path(str(folder), chunk_elements=chunk, workers=1).to_dict()
+    assert one == audit_path(str(folder), chunk_elements=chunk, workers=3).to_dict()
+    assert one["totals"]["verdicts"]["fail"] == 1
