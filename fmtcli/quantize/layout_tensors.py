@@ -148,11 +148,12 @@ def nvfp4_block_scales(grid: np.ndarray, g: float, name: str) -> np.ndarray:
 
 
 def e4m3_bytes(values: np.ndarray) -> np.ndarray:
-    """Values on float8_e4m3fn's grid as their code bytes."""
-    import ml_dtypes
+    """float32 values on float8_e4m3fn's grid as their code bytes (``engine.writers
+    .codes_of``, the one values-to-codes step of fmt's writers)."""
+    from fmtcli.engine.writers import codes_of
+    from fmtcli.numerics.formats import get_format
 
-    return np.ascontiguousarray(values, dtype=np.float32).astype(
-        ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return codes_of(np.asarray(values, dtype=np.float32), get_format("float8_e4m3fn"))
 
 
 def pack_fp4(codes: np.ndarray) -> np.ndarray:
