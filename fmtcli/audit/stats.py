@@ -204,11 +204,12 @@ class Pass:
 
     def add(self, r0: int, r1: int, matrix_end: int) -> None:
         x = self.q.read(slice(r0, r1), slice(0, self.cols)).ravel()
-        finite = int(np.count_nonzero(np.isfinite(x)))
         self.count += x.size
-        self.nonfinite += x.size - finite
-        self.zeros += int(x.size - np.count_nonzero(x))
-        values = x if finite == x.size else x[np.isfinite(x)]  # the common case: no copy
+        self.zeros += int(np.count_nonzero(x == 0))
+        values = x
+        if x.size and not (math.isfinite(float(x.max())) and math.isfinite(float(x.min()))):
+            values = x[np.isfinite(x)]  # rare: NaN or inf among them
+            self.nonfinite += x.size - values.size
         if values.size:
             self.amax = max(self.amax, float(values.max()), -float(values.min()))
             wide = values.astype(np.float64)
