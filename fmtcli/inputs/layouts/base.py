@@ -224,16 +224,18 @@ def e8m0_values(codes: np.ndarray) -> np.ndarray:
 FP4_VALUES = all_values(get_format("float4_e2m1fn")).astype(np.float32)
 
 
+#: (order, byte) -> the byte's two FP4 values in order: [0] low nibble first, [1] high
+_FP4_PAIRS = np.stack([
+    np.stack([FP4_VALUES[np.arange(256) & 0x0F], FP4_VALUES[np.arange(256) >> 4]], axis=-1),
+    np.stack([FP4_VALUES[np.arange(256) >> 4], FP4_VALUES[np.arange(256) & 0x0F]], axis=-1)])
+
+
 def unpack_fp4(packed: np.ndarray, low_first: bool = True) -> np.ndarray:
     """FP4 E2M1 values of packed bytes, two per byte, the last axis doubled: ``low_first``
     (compressed-tensors, ModelOpt, gpt-oss) puts the low nibble first."""
     packed = np.asarray(packed, dtype=np.uint8)
-    low, high = packed & 0x0F, packed >> 4
-    first, second = (low, high) if low_first else (high, low)
-    out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.float32)
-    out[..., 0::2] = FP4_VALUES[first]
-    out[..., 1::2] = FP4_VALUES[second]
-    return out
+    pairs = _FP4_PAIRS[0 if low_first else 1]  # one gather of both values of each byte
+    return pairs[packed].reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
 
 
 def block_scales(grid: np.ndarray, rows: np.ndarray, height: int, tile: tuple[int, int],

@@ -43,7 +43,8 @@ import re
 
 import numpy as np
 
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, block_scales
+from fmtcli.inputs.layouts.base import Checkpoint, Quantized
+from fmtcli.inputs.layouts.lookup import byte_float_values, per_block, tile_rows
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "compressed-tensors-fp8"
@@ -252,9 +253,8 @@ def _readers(parts: dict, shape: tuple[int, ...], strategy: str, tile: tuple[int
     covers ``tile``s: codes streamed by rows from their memory map, the (small) scale and
     zero-point grids read once."""
     from fmtcli.inputs.layouts.base import values_of
-    from fmtcli.inputs.storage import as_values
 
-    height, cols = shape[-2], shape[-1]
+    height = shape[-2]
     cache: dict = {}
 
     def grids() -> dict:
@@ -267,14 +267,14 @@ def _readers(parts: dict, shape: tuple[int, ...], strategy: str, tile: tuple[int
     def elements_reader(r0: int, r1: int) -> np.ndarray:
         if "codes" not in cache:  # the memory map, opened once
             cache["codes"] = parts["codes"].stored().reshape(matrix_shape(shape))
-        return np.asarray(as_values(cache["codes"][r0:r1])).astype(np.float32)
+        return byte_float_values(cache["codes"][r0:r1])
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         values, rows = elements_reader(r0, r1), np.arange(r0, r1)
         if "zero" in grids():
-            values -= block_scales(grids()["zero"], rows, height, tile, cols)
-        values *= block_scales(grids()["scale"], rows, height, tile, cols)
-        return values
+            per_block(values, tile_rows(grids()["zero"], rows, height, tile[0]), tile[1],
+                      np.subtract)
+        return per_block(values, tile_rows(grids()["scale"], rows, height, tile[0]), tile[1])
 
     def scales_reader() -> np.ndarray:
         return values_of(parts["scales"]).astype(np.float32)

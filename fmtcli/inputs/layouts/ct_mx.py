@@ -42,6 +42,7 @@ import numpy as np
 
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, e8m0_values, unpack_fp4
 from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
+from fmtcli.inputs.layouts.lookup import byte_float_values, per_block
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "compressed-tensors-mx"
@@ -144,8 +145,6 @@ def _readers(codes, scales, shape: tuple[int, ...], element: str):
     """(rows_reader, elements_reader, scales_reader): codes streamed by rows of the
     matrix view from their memory map (packed bytes unpacked low nibble first), the E8M0
     grid decoded once."""
-    from fmtcli.inputs.storage import as_values
-
     rows_total, cols = matrix_shape(shape)
     cache: dict = {}
 
@@ -162,13 +161,11 @@ def _readers(codes, scales, shape: tuple[int, ...], element: str):
         if element == "float4_e2m1fn":
             packed = stored.reshape(rows_total, cols // 2)[r0:r1]
             return unpack_fp4(packed, low_first=True)
-        return np.asarray(as_values(stored.reshape(rows_total, cols)[r0:r1])).astype(
-            np.float32)
+        return byte_float_values(stored.reshape(rows_total, cols)[r0:r1])
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         values = elements_reader(r0, r1)
         per = grid().reshape(rows_total, -1)[r0:r1]
-        values *= np.repeat(per, GROUP, axis=1)[:, :cols]
-        return values
+        return per_block(values, per, GROUP)
 
     return rows_reader, elements_reader, grid

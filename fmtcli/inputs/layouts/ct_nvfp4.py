@@ -51,6 +51,7 @@ from fmtcli.base.dtypes import ITEMSIZES
 from fmtcli.base.errors import DataError
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, unpack_fp4, values_of
 from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
+from fmtcli.inputs.layouts.lookup import per_block
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "compressed-tensors-nvfp4"
@@ -213,8 +214,8 @@ def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) 
         scale = np.asarray(arrays()["scales"][a:b]).astype(np.float64)
         if "zero" in cache:
             zero = np.asarray(cache["zero"][a:b]).astype(np.float64)
-            values -= np.repeat(zero, group, axis=1)[:, :width]
-        values *= np.repeat(scale, group, axis=1)[:, :width]
+            per_block(values, zero, group, np.subtract)
+        per_block(values, scale, group)
         if glob.size == 1:
             values /= glob[0]
         else:  # one per stacked matrix of shape[-2] last-axis rows

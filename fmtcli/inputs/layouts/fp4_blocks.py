@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fmtcli.inputs.layouts.base import unpack_fp4
+from fmtcli.inputs.layouts.lookup import per_block
 
 
 def row_span(r0: int, r1: int, cols: int, width: int) -> tuple[int, int]:
@@ -37,17 +38,23 @@ def fp4_values(packed: np.ndarray, a: int, b: int) -> np.ndarray:
 
 
 def dequantized_rows(packed: np.ndarray, scales: np.ndarray, a: int, b: int, block: int,
-                     factor: np.ndarray | float | None = None) -> np.ndarray:
+                     factor: np.ndarray | float | None = None,
+                     exact32: bool = False) -> np.ndarray:
     """Last-axis rows ``a:b`` dequantized: ``code * scales[row, j // block] * factor`` as
     float32 (rows, 2 * bytes per row).
 
     ``packed``: uint8 (rows, bytes per row); ``scales``: the decoded per-block scales
     (rows, blocks per row); ``factor``: None, a scalar, or one value per row (float64,
-    shape (b - a,)) -- NVFP4's second-level scale."""
+    shape (b - a,)) -- NVFP4's second-level scale.  ``exact32``: the scales are float32
+    powers of two (E8M0) and there is no factor, so every product is exact in float32
+    (two significant bits; 6 * 2^127 overflows and 0.5 * 2^-127 is a subnormal there as
+    after float64's rounding): formed there, the same bits without the float64 pass."""
     values = fp4_values(packed, a, b)
-    scale = np.asarray(scales[a:b], dtype=np.float64)
-    if factor is not None:
-        factor = np.asarray(factor, dtype=np.float64)
-        scale = scale * (factor[:, None] if factor.ndim == 1 else factor)
-    scale = np.repeat(scale, block, axis=1)[:, :values.shape[1]]
-    return (values * scale).astype(np.float32)
+    if exact32 and factor is None:
+        return per_block(values, np.asarray(scales[a:b], dtype=np.float32), block)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf where the scales overflow
+        scale = np.asarray(scales[a:b], dtype=np.float64)
+        if factor is not None:
+            factor = np.asarray(factor, dtype=np.float64)
+            scale = scale * (factor[:, None] if factor.ndim == 1 else factor)
+        return per_block(values.astype(np.float64), scale, block).astype(np.float32)

@@ -100,7 +100,7 @@ def _quantized(base: str, codes, scales, facts) -> Quantized:
         a, b = row_span(r0, r1, cols, width)
         grid = load()["bytes"].reshape(-1, groups)
         block = dequantized_rows(load()["packed"][a:b], e8m0_values(grid[a:b]), 0, b - a,
-                                 BLOCK)
+                                 BLOCK, exact32=True)
         return block.reshape(r1 - r0, cols)
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:

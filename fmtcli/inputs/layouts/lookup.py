@@ -36,11 +36,18 @@ def byte_float_values(codes: np.ndarray) -> np.ndarray:
 def per_block(values: np.ndarray, per: np.ndarray, block: int, op=np.multiply) -> np.ndarray:
     """``op(values, per[:, j // block])`` in place for every column j of 2-D ``values``
     (rows, width), ``per`` (rows, ceil(width / block)): the scale (or zero point) of each
-    block of ``block`` columns, broadcast, never repeated; ``per`` taken in ``values``'
-    dtype (the callers pass it so: the arithmetic is that dtype's).  Returns ``values``."""
+    block of ``block`` columns, broadcast, never repeated: the same operation as
+    ``values op= repeated per`` (numpy's promotion, the result cast to ``values``' dtype).
+    Overflowing products become inf silently (as ``Quantized.read`` decodes them; audit's
+    values-finite counts them).  Returns ``values``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _per_block(values, per, block, op)
+
+
+def _per_block(values: np.ndarray, per, block: int, op) -> np.ndarray:
     rows, width = values.shape
     full = width // block
-    per = np.asarray(per, dtype=values.dtype)
+    per = np.asarray(per)
     if full:
         head = values[:, :full * block].reshape(rows, full, block)  # a view, split axis
         op(head, per[:, :full, None], out=head)
