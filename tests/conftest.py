@@ -46,10 +46,11 @@ def table_renders(monkeypatch) -> list:
     return calls
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def scheduler():
-    """A Dask LocalCluster of 2 single-thread worker processes for the module; its address
-    (skips without the ``distributed`` package)."""
+    """A Dask LocalCluster of 2 single-thread worker processes, started once for the whole
+    session (each start and stop costs seconds; the modules that use it only submit scans to
+    it, none stops or kills its workers); its address (skips without ``distributed``)."""
     distributed = pytest.importorskip("distributed")
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=":0")
