@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fmtcli.base.errors import DataError, Note, shown
+from fmtcli.inputs.layouts.lookup import tile_rows
 from fmtcli.inputs.source import TensorSource
 from fmtcli.inputs.textparse import check_json_depth
 from fmtcli.numerics.codes import all_values
@@ -247,11 +248,7 @@ def block_scales(grid: np.ndarray, rows: np.ndarray, height: int, tile: tuple[in
     ``height x cols`` matrices: shape ``lead + (ceil(height / tile[0]), ceil(cols /
     tile[1]))`` (the edges padded, as DeepSeek-V3 and compressed-tensors pad them).
     ``rows`` are matrix-view row indices; the result is (len(rows), cols)."""
-    grid = np.asarray(grid)
-    g_rows, g_cols = grid.shape[-2], grid.shape[-1]
-    flat = grid.reshape(-1, g_cols)
-    matrix, within = np.divmod(rows, height)
-    picked = flat[matrix * g_rows + within // tile[0]]
+    picked = tile_rows(grid, rows, height, tile[0])  # the scale row of each row
     # a tile wider than the matrix covers it whole: repeat no further than its columns
     # (a config's or a file's [1, 2^40] tile would otherwise ask for 2^40 copies)
     return np.repeat(picked, max(1, min(tile[1], cols)), axis=1)[:, :cols]
