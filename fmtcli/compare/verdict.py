@@ -14,6 +14,8 @@ granularity (``own_scheme``: ``Quantized.element`` and ``Quantized.group`` as a
 - E8M0 scales (powers of two): blocks use the OCP MX rule ``mx-floor`` (``mxfp8``/``mxfp4``
   recipes: OCP MX v1.0 section 6.3), tiles the power of two that does not saturate
   (``pow2-floor``: DeepSeek-V3.1's UE8M0 scale_inv = 2^ceil(log2(amax / 448)));
+- fmt's own ``--out`` (layout ``fmt-out``): the scheme the file records (``facts["scheme"]``:
+  its rule, margin, scale format), so a healthy file equals fmt's own;
 - symmetric integers (int1-int8, compressed-tensors' pack-quantized): the symmetric grid
   amax / q_max per group (``compare.integer``), which fmt's formats do not hold;
 - an element format fmt has no name for (integers with zero points): no fmt's own, the
@@ -101,6 +103,10 @@ def own_scheme(q):
     group = q.group
     fields = dict(granularity=group.kind, block=group.block or 128, axis=group.axis,
                   tile=group.tile or (1, 128))
+    if getattr(q, "layout", None) == "fmt-out":  # fmt's --out records the scheme it used
+        recorded = _recorded_scheme(q.facts.get("scheme"), fmt, fields)
+        if recorded is not None:
+            return recorded
     block = group.kind is Granularity.BLOCK
     if q.scale_dtype == "float8_e4m3fn":
         recipe = "nvfp4" if block and group.block == 16 and fmt.name == "float4_e2m1fn" \
@@ -115,6 +121,24 @@ def own_scheme(q):
         base = recipe_fields(recipe) if recipe else dict(scale_rule=ScaleRule.MX_FLOOR)
         return Scheme(**{**base, **fields, "format": fmt})
     return Scheme(format=fmt, scale_rule=ScaleRule.AMAX, **fields)
+
+
+def _recorded_scheme(recorded, fmt, fields: dict):
+    """The Scheme of fmt-out's recorded ``Scheme.to_dict()`` (its rule, margin, scale
+    format and recipe name; rounding nearest-even) in ``fields``' groups; None where it does
+    not parse."""
+    from fmtcli.numerics.schemes import ScaleFormat, Scheme
+
+    if not isinstance(recorded, dict):
+        return None
+    try:
+        return Scheme(**fields, format=fmt, scale_rule=ScaleRule(recorded["scale_rule"]),
+                      margin=int(recorded.get("margin") or 0),
+                      scale_format=ScaleFormat(recorded["scale_format"]),
+                      percentile=recorded.get("percentile"),
+                      fixed_scale=recorded.get("fixed_scale"), recipe=recorded.get("recipe"))
+    except (FmtError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _energy(small: float, big: float, tiny: float) -> float:
@@ -199,12 +223,14 @@ def merged(judgements: list[Judgement]) -> tuple[float | None, int]:
     none of them had fmt's own."""
     if not any(j.fmt_sqnr_db is not None for j in judgements):
         return None, sum(j.verdict == FLAG for j in judgements)
-    x2 = sum(j.own_x2 for j in judgements)
-    e2 = sum(j.own_e2 for j in judgements)
+    x2 = float(sum(j.own_x2 for j in judgements))
+    e2 = float(sum(j.own_e2 for j in judgements))
     if e2 == 0:
         sqnr = math.inf if x2 > 0 else math.nan
-    else:
-        sqnr = 10 * math.log10(x2 / e2) if x2 > 0 else -math.inf
+    else:  # an infinite error (a NaN/inf in REF) is -inf dB, a NaN sum NaN; never log10(0)
+        ratio = x2 / e2
+        sqnr = (math.nan if math.isnan(ratio) else 10 * math.log10(ratio) if ratio > 0
+                else -math.inf)
     return sqnr, sum(j.verdict == FLAG for j in judgements)
 
 
