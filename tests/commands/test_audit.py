@@ -562,3 +562,72 @@ def test_a_large_tensor_s_chunks_on_workers_give_the_figures_of_one_process(tmp_
     one = audit_path(str(folder), chunk_elements=chunk, workers=1).to_dict()
     assert one == audit_path(str(folder), chunk_elements=chunk, workers=3).to_dict()
     assert one["totals"]["verdicts"]["fail"] == 1
+
+
+LIBRARY_PRESETS = ("FP8", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8", "MXFP4", "NVFP4A16", "W4A16",
+                   "W4A16_ASYM", "W8A16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", LIBRARY_PRESETS)
+def test_compressed_tensors_own_checkpoints_pass_the_generic_checks(tmp_path, preset):
+    """A Linear of torch's own (uniform) initialisation quantized by compressed-tensors'
+    preset (its observers' min/max qparams), compressed and saved as the library saves:
+    no generic check warns or fails."""
+    ct = pytest.importorskip("compressed_tensors")
+    torch = pytest.importorskip("torch")
+    try:
+        from compressed_tensors.compressors import ModelCompressor
+        from compressed_tensors.quantization import (
+            QuantizationConfig,
+            apply_quantization_config,
+            preset_name_to_scheme,
+        )
+        from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    except ImportError as missing:
+        pytest.skip(f"compressed-tensors {ct.__version__} lacks {missing}")
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(512, 256, bias=False, dtype=torch.bfloat16)
+    try:
+        scheme = preset_name_to_scheme(preset, ["Linear"])
+    except (KeyError, ValueError):
+        pytest.skip(f"compressed-tensors {ct.__version__} has no {preset} preset")
+    apply_quantization_config(model, QuantizationConfig(config_groups={"g": scheme}))
+    module, w = model.proj, model.proj.weight.data
+    args = module.quantization_scheme.weights
+    glob = None
+    if hasattr(module, "weight_global_scale"):
+        glob = generate_gparam(w.min(), w.max())
+        module.weight_global_scale.data.copy_(glob)
+    strategy = str(getattr(args.strategy, "value", args.strategy))
+    if strategy == "tensor":
+        low, high = w.amin(), w.amax()
+    elif strategy == "channel":
+        low, high = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    elif strategy == "block":
+        bh, bw = args.block_structure
+        blocks = w.reshape(w.shape[0] // bh, bh, w.shape[1] // bw, bw)
+        low, high = blocks.amin((1, 3)), blocks.amax((1, 3))
+    else:  # group, tensor_group
+        groups = w.unflatten(-1, (-1, args.group_size))
+        low, high = groups.amin(-1), groups.amax(-1)
+    scale, zero = calculate_qparams(low, high, args, global_scale=glob)
+    module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+    if hasattr(module, "weight_zero_point"):
+        module.weight_zero_point.data.copy_(zero)
+    if hasattr(module, "input_scale"):
+        module.input_scale.data.fill_(0.03125)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    folder = tmp_path / "ct"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    compressor.update_config(str(folder))
+    result = audit_path(str(folder))
+    assert result.tensors, result.to_dict()["plain"]
+    generic = {f.__name__.replace("_", "-") for f in checks.CHECKS}
+    assert not (flagged(result) & generic), verdicts(result)
