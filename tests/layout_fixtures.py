@@ -384,13 +384,15 @@ CT_PRESETS = {"fp8-tensor": "FP8", "fp8-channel": "FP8_DYNAMIC", "fp8-block": "F
               "int4": "W4A16", "int8": "W8A16"}
 
 
-def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None = None):
+def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None = None,
+               dtype: str = "float32"):
     """The same module written by compressed-tensors itself (None where the library or
     its 0.20 API is missing): a Linear named ``stem`` holding ``w`` (float32) under the
     preset ``CT_PRESETS[scheme]``, its qparams from the library's ``calculate_qparams``
     over the strategy's min/max (``generate_gparam`` for NVFP4's global scale; a static
     input scale set to 1/32), compressed by ``ModelCompressor`` and saved as
-    ``save_pretrained`` saves it; ``extra``: plain tensors written beside it."""
+    ``save_pretrained`` saves it; ``extra``: plain tensors written beside it; ``dtype``:
+    the model's dtype before quantizing (``bfloat16``: scales stored in bfloat16 too)."""
     try:
         import torch
         from compressed_tensors.compressors import ModelCompressor
@@ -417,6 +419,7 @@ def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None
     parent.add_module(last, linear)
     with torch.no_grad():
         linear.weight.copy_(torch.from_numpy(np.asarray(w, np.float32)))
+    root.to(getattr(torch, dtype))
     apply_quantization_config(root, QuantizationConfig(config_groups={
         "group_0": preset_name_to_scheme(CT_PRESETS[scheme], ["Linear"])}))
     args, x = linear.quantization_scheme.weights, linear.weight.data
