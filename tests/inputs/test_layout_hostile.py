@@ -919,6 +919,27 @@ def _plain_model(tmp: Path, names=("model.layers.0.mlp.up_proj.weight",)) -> Pat
     return folder
 
 
+def _inf_model(tmp: Path) -> Path:
+    """A plain weight holding NaN and inf, named as the layouts' weight (fmt compare's REF)."""
+    folder = tmp / "inf"
+    if folder.exists():
+        return folder
+    folder.mkdir()
+    weight = RNG.standard_normal((64, 64)).astype(np.float32)
+    weight[0, :5], weight[1, 0] = np.nan, np.inf
+    write_st(folder / "model.safetensors", {f"{M}.weight": weight})
+    return folder
+
+
+def _written(tmp: Path, source: Path, *options) -> Path:
+    """``fmt quantize SOURCE --out DIR OPTIONS`` (in process): DIR."""
+    from cli_helpers import succeeds
+
+    out = tmp / f"written-{len(list(tmp.iterdir()))}"
+    succeeds("quantize", source, "--out", out, *options)
+    return out
+
+
 def _odd_npz(tmp: Path) -> Path:
     path = tmp / "odd.npz"
     np.savez(path, **{"s": np.array(["abc"]), "c.weight_scale": np.ones((2, 1), np.complex64),
@@ -973,6 +994,8 @@ CLI_CASES = {
         t, "gptoss", all_scales(float("nan")), name="b"), "--json"],
     "compare-5d-self": lambda t: ["compare", _case(t, "deepseek", all_5d, name="a"),
                                   _case(t, "deepseek", all_5d, name="b"), "--json"],
+    "compare-inf-ref-vs-its-layout": lambda t: ["compare", _inf_model(t), _written(
+        t, _inf_model(t), "--recipe", "nvfp4", "--layout", "compressed-tensors")],
     "compare-plain-vs-empty": lambda t: ["compare", _plain_model(t), _case(
         t, "modelopt", codes_no_rows)],
     # fmt quantize: the dequantized input, or one Error line
@@ -1065,3 +1088,33 @@ def test_cli_fresh_process(tmp_path, case):
     args = [str(a) for a in CLI_CASES[case](tmp_path)]
     before = snapshot(args)
     judged(run_fmt(*args, timeout=60), args, before)
+
+
+# -- odd but valid shapes read as their plain 2-D selves -----------------------------------
+
+LEADS = {"one-lead": (1,), "four-d": (1, 1), "five-d": (1, 1, 1)}
+
+
+@pytest.mark.parametrize("lead", list(LEADS))
+@pytest.mark.parametrize("layout", [n for n in LAYOUTS if n not in ("kv", "fmt_out")])
+def test_leading_ones_read_as_the_matrix_itself(tmp_path, layout, lead):
+    """Leading axes of size one change the matrix view (a 4-D tensor is O x rest) but not
+    a value; every row chunk of the view reads the same as the whole."""
+    tensors, config, roles = LAYOUTS[layout]()
+    flat = settled(write_case(tmp_path / "flat", tensors, config, roles))
+    (q2,) = [q for q in flat["quantized"] if "codes" in q.parts]
+    shaped = dict(tensors)
+    for role in ("codes", "scales"):
+        arr = tensors[roles[role]]
+        shaped[roles[role]] = arr.reshape(LEADS[lead] + arr.shape)
+    if "shape" in roles:
+        shaped[roles["shape"]] = np.array(list(LEADS[lead]) + [64, 64])
+    found = settled(write_case(tmp_path / "shaped", shaped, config, roles))
+    (q,) = [q for q in found["quantized"] if "codes" in q.parts]
+    if q.problems:  # refused in one line (compressed-tensors FP8/MX: rows of the last axis)
+        return
+    whole = q.dequantize()
+    np.testing.assert_array_equal(whole.reshape(q2.shape), q2.dequantize())
+    rows, cols = q.matrix
+    pieces = [q.read(slice(r, r + 1), slice(0, cols)) for r in range(rows)]
+    np.testing.assert_array_equal(np.concatenate(pieces).reshape(q.shape), whole)
