@@ -139,7 +139,9 @@ def nvfp4_block_scales(grid: np.ndarray, g: float, name: str) -> np.ndarray:
         d = d.astype(np.float32)
         again = (g32 / d).astype(np.float32)
     found = np.isfinite(s) & (again == s) & np.isfinite(d)
-    d = np.where(found, d, np.float32(0))
+    # the engine's dead blocks (s = inf: x_q = 0) store 0; a NaN block (a NaN in the
+    # weight: x_q NaN) stores E4M3's NaN, so that the folder decodes to the engine's x_q
+    d = np.where(found, d, np.where(np.isnan(s), np.float32(np.nan), np.float32(0)))
     lost = ~found & np.isfinite(s) & (s != 1)
     if lost.any():  # not a scale the engine's NVFP4 rule gives: a bug, said in one line
         raise DataError(f"{shown(name)}: NVFP4 block scale {float(s[lost][0])!r} is not "
