@@ -1118,3 +1118,21 @@ def test_leading_ones_read_as_the_matrix_itself(tmp_path, layout, lead):
     rows, cols = q.matrix
     pieces = [q.read(slice(r, r + 1), slice(0, cols)) for r in range(rows)]
     np.testing.assert_array_equal(np.concatenate(pieces).reshape(q.shape), whole)
+
+
+@pytest.mark.parametrize("layout", ["compressed-tensors", "modelopt-nvfp4"])
+def test_a_nan_weight_exported_as_nvfp4_decodes_to_the_engines_values(tmp_path, layout):
+    """NaN and inf in a weight: the --layout folder decodes to the engine's x_q (its .npy),
+    NaN where the engine has NaN (not a silent 0), to within the layouts' one ulp."""
+    from cli_helpers import succeeds
+
+    source = _inf_model(tmp_path)
+    succeeds("quantize", source, "--recipe", "nvfp4", "--out", tmp_path / "x.npy")
+    succeeds("quantize", source, "--recipe", "nvfp4", "--out", tmp_path / "dir",
+             "--layout", layout)
+    engine = np.load(tmp_path / "x.npy")
+    (read,) = [s for s in load_path(str(tmp_path / "dir")) if s.quantized is not None]
+    values = read.quantized.dequantize()
+    np.testing.assert_array_equal(np.isnan(values), np.isnan(engine))
+    assert np.isnan(engine).any()
+    np.testing.assert_allclose(values, engine, rtol=2 ** -23, atol=0)
