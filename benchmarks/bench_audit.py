@@ -1,7 +1,7 @@
 """fmt audit on quantized checkpoints vs fmt quantize on a plain one of the same stored bytes.
 
     python benchmarks/bench_audit.py [--size-mb M] [--layouts L,L] [--repeat R]
-                                     [--workers W] [--big-mb B] [--dir DIR] [--keep]
+                                     [--workers W] [--big-mb B] [--dir DIR] [--env K=V]
 
 Issue 24's target: a quantized checkpoint audits at >= 50% of ``fmt quantize``'s
 throughput on the same number of stored bytes, in bounded memory.
@@ -31,7 +31,8 @@ Prints, for each, the stored bytes, wall seconds, MB/s of stored bytes (whole pr
 start-up included), the same with the start-up left out (the command on a checkpoint of
 one 128 x 128 weight in the same layout: the same imports, no work), and audit / quantize.
 
-``--big-mb B`` (0 to skip) writes a deepseek-fp8 checkpoint of B MiB and prints audit's
+``--big-mb B`` (0 to skip) writes a deepseek-fp8 checkpoint of B MiB (the M MiB one's
+tensors repeated under further layer numbers) and prints audit's
 peak resident memory (``wait4``'s ``ru_maxrss`` of the child, its forked workers
 counted separately by the kernel: the largest of them) against the file size: a
 checkpoint "larger than memory" shown as a bounded RSS; then the same audit again under
@@ -66,6 +67,7 @@ WRITERS = {"deepseek-fp8": ["--recipe", "deepseek", "--layout", "deepseek-fp8"],
            "ct-fp8-block": ["--block", "128", "--layout", "compressed-tensors"]}
 DEFAULT_LAYOUTS = "deepseek-fp8,ct-nvfp4,gptoss-mxfp4"
 FMT = [sys.executable, "-m", "fmtcli"]
+EXTRA_ENV: dict[str, str] = {}  # --env KEY=VALUE: added to every timed child's environment
 CHUNK_ROWS = 512
 
 
@@ -198,7 +200,7 @@ def run(command: list[str], ok=(0, 1), prefix: str | None = None) -> tuple[float
     start = time.perf_counter()
     with tempfile.TemporaryFile() as errors:  # a file: a full stderr pipe would block
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors,
-                                env=child_env())
+                                env=child_env(**EXTRA_ENV))
         stdout = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
@@ -280,7 +282,8 @@ def throughput(args, work: str, paths: dict[str, str]) -> None:
     q_bytes, q_wall, q_start = rows[0][1], rows[0][2], rows[0][3]
     q_rate, q_work = q_bytes / q_wall / 1e6, q_bytes / (q_wall - q_start) / 1e6
     print(f"{args.workers} workers, best of {args.repeat}; {os.cpu_count()} cores; "
-          f"load average {os.getloadavg()[0]:.2f} at the end")
+          f"load average {os.getloadavg()[0]:.2f} at the end"
+          + "".join(f"; {k}={v}" for k, v in EXTRA_ENV.items()))
     print(f"{'command':22s} {'MiB':>6s} {'wall s':>7s} {'MB/s':>6s} {'ratio':>6s} "
           f"{'start s':>7s} {'work MB/s':>9s} {'ratio':>6s} {'RSS MiB':>7s}")
     for label, nbytes, wall, start, rss, _ in rows:
@@ -292,13 +295,49 @@ def throughput(args, work: str, paths: dict[str, str]) -> None:
         print(f"  {label}: checks {note}")
 
 
+def replicate(folder: str, out: str, mib: int) -> None:
+    """``out``: ``folder``'s checkpoint repeated (its tensors again under further layer
+    numbers, bytes copied) up to about ``mib`` MiB: a big checkpoint of the same exported
+    values without quantizing gigabytes again."""
+    source = os.path.join(folder, "model.safetensors")
+    with open(source, "rb") as handle:
+        n = struct.unpack("<Q", handle.read(8))[0]
+        header = json.loads(handle.read(n))
+    header.pop("__metadata__", None)
+    layers = 1 + max(int(k.split(".")[2]) for k in header)
+    data = os.path.getsize(source) - 8 - n
+    times = max(1, -(-(mib << 20) // data))
+    entries = []
+    for t in range(times):
+        for key, info in header.items():
+            parts = key.split(".")
+            parts[2] = str(int(parts[2]) + t * layers)
+            begin, end = info["data_offsets"]
+            entries.append((".".join(parts), info["dtype"], tuple(info["shape"]), end - begin,
+                            begin))
+
+    def chunks():
+        with open(source, "rb") as handle:
+            for *_, nbytes, begin in entries:
+                handle.seek(8 + n + begin)
+                yield np.frombuffer(handle.read(nbytes), dtype=np.uint8)
+
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(os.path.join(out, "model.safetensors"), [e[:4] for e in entries],
+                      chunks())
+    shutil.copy(os.path.join(folder, "config.json"), out)
+
+
 def bounded(args, work: str) -> None:
     """Peak RSS of audit on a big deepseek-fp8 checkpoint, and the run under ulimit -v."""
     folder = os.path.join(work, f"big-deepseek-fp8-{args.big_mb}")
     if not os.path.exists(folder):
         print(f"writing {folder} ...", file=sys.stderr)
-        write_layout("deepseek-fp8", folder, int((args.big_mb << 20) * 8 / BITS["deepseek-fp8"]),
-                     work, args.seed)
+        small = os.path.join(work, "deepseek-fp8")
+        if not os.path.exists(small):
+            write_layout("deepseek-fp8", small,
+                         int((args.size_mb << 20) * 8 / BITS["deepseek-fp8"]), work, args.seed)
+        replicate(small, folder, args.big_mb)
     size = stored_bytes(folder)
     command = [*FMT, "audit", folder, "--json", "--workers", str(args.workers)]
     wall, rss, out = run(command)
@@ -328,7 +367,10 @@ def main() -> None:
                         help="a deepseek-fp8 checkpoint of this many MiB for peak RSS")
     parser.add_argument("--dir", default=None, help="work folder (kept; reused)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set in the children's environment (e.g. OPENBLAS_NUM_THREADS=1)")
     args = parser.parse_args()
+    EXTRA_ENV.update(item.split("=", 1) for item in args.env)
     args.layouts = [name for name in args.layouts.split(",") if name]
     unknown = [name for name in args.layouts if name not in BITS]
     if unknown:
