@@ -457,3 +457,39 @@ def test_uniform_init_mxfp4_at_common_widths_passes(tmp_path, columns):
                              lf.ct_config("mxfp4"))
     code, doc = audit_json(folder)
     assert flags(doc) == [] and code == 0, flags(doc)
+
+
+# -- many layers: the per-role tables and long names fit too ------------------------------
+
+@pytest.fixture(scope="module")
+def many_layers(tmp_path_factory) -> dict:
+    """scheme -> a compressed-tensors folder of 10 layers x 3 projections (+ their norms
+    and a plain lm_head), and the original."""
+    root = tmp_path_factory.mktemp("many")
+    out = {}
+    for scheme in ("nvfp4", "int4"):
+        tensors, orig = {}, {}
+        for layer in range(10):
+            for n, proj in enumerate(("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj")):
+                w, norm = lf.llm_like(10 * layer + n, (128, 256))
+                tensors.update(lf.ct_tensors(f"model.layers.{layer}.{proj}", w, scheme))
+                orig[f"model.layers.{layer}.{proj}.weight"] = w
+            tensors[f"model.layers.{layer}.input_layernorm.weight"] = norm
+        tensors["lm_head.weight"] = orig["lm_head.weight"] = lf.linear_init(0, (300, 256))
+        orig.update({k: v for k, v in tensors.items() if "layernorm" in k})
+        save_file(orig, str(root / f"{scheme}.orig.safetensors"))
+        out[scheme] = (lf.write_layout(root / scheme, tensors, lf.ct_config(scheme)),
+                       root / f"{scheme}.orig.safetensors")
+    return out
+
+
+@pytest.mark.parametrize("width", [80, pytest.param(120, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scheme", ["nvfp4", pytest.param("int4", marks=pytest.mark.slow)])
+def test_many_layers_pass_and_fit(many_layers, scheme, width):
+    folder, orig = many_layers[scheme]
+    code, doc = audit_json(folder)
+    assert code == 0 and flags(doc) == [] and len(doc["tensors"]) == 30 and doc["roles"]
+    for args in (["audit", folder], ["audit", folder, "--all"], ["compare", orig, folder]):
+        done = invoke(*args, env={"COLUMNS": str(width)})
+        assert done.exit_code == 0, (args, done.stderr)
+        assert_fits(done.stdout, width)
