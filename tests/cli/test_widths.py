@@ -4,6 +4,9 @@ rich cropped silently, "6" for 6.757e-05, would miss its figure)."""
 
 from __future__ import annotations
 
+import functools
+import json
+
 import numpy as np
 import pytest
 from cli_helpers import assert_fits, json_of, succeeds
@@ -33,6 +36,17 @@ def files(tmp_path_factory):
             "one": directory / "one.npy", "steps": directory / "steps.npy"}
 
 
+@functools.cache
+def _document_text(*args) -> str:
+    return json.dumps(json_of(*args))
+
+
+def document(*args) -> dict:
+    """``fmt ARGS --json``, strictly parsed: run once per argument list for the module (the
+    same document serves every width), a fresh copy each call."""
+    return json.loads(_document_text(*args))
+
+
 def table(width: int, *args) -> str:
     """``fmt ARGS`` at ``width`` columns: it must succeed and fit the width uncut."""
     out = succeeds(*args, env={"COLUMNS": str(width)}).stdout
@@ -54,7 +68,7 @@ def sqnr(s: dict) -> str:
 @pytest.mark.parametrize("args", [[], ["--all"]], ids=["default", "all"])
 def test_range(width, args):
     out = table(width, "range", *args)
-    specs = json_of("range", *args)
+    specs = document("range", *args)
     assert_shown(out, *[s["name"] for s in specs])
     assert_shown(out, *[f"{int(s['max']):,}" for s in specs if s["max"] < 1e7])
 
@@ -73,7 +87,7 @@ UNDERFLOW = [
 @pytest.mark.parametrize("args", UNDERFLOW, ids=["values", "formats", "scales", "one"])
 def test_underflow(width, args):
     out = table(width, "underflow", *args)
-    rows = json_of("underflow", *args)
+    rows = document("underflow", *args)
     assert_shown(out, *{r["format"] for r in rows})
     assert_shown(out, *{value_text(r["stored"]) for r in rows})
     assert_shown(out, *{input_text(r["value"]) for r in rows})
@@ -87,7 +101,7 @@ def test_quantize_small_inputs(width, which, files):
     args = {"example": [], "one": [files["one"]], "one-all": [files["one"], "--compare", "all"],
             "small": [files["small"]], "small-all": [files["small"], "--compare", "all"]}[which]
     out = table(width, "quantize", *args)
-    doc = json_of("quantize", *args)
+    doc = document("quantize", *args)
     schemes = doc["total"] or doc["tensors"][0]["schemes"]
     assert_shown(out, *[sqnr(s) for s in schemes], *[s["label"] for s in schemes])
     if doc["total"]:  # a row per tensor: every name whole, every figure
@@ -99,7 +113,7 @@ def test_quantize_small_inputs(width, which, files):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_summary_of_a_checkpoint(width, files):
     out = table(width, "quantize", files["bert"], "--top", "16")  # all 16 roles, in order
-    doc = json_of("quantize", files["bert"])
+    doc = document("quantize", files["bert"])
     assert_shown(out, *[sqnr(s) for s in doc["total"]])
     for group in doc["groups"]:  # the role, whole or cut before its layer index
         head, _, rest = group["pattern"].partition(".*.")
@@ -115,7 +129,7 @@ def test_quantize_summary_of_a_checkpoint(width, files):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_per_tensor_and_worst_blocks(width, files):
     out = table(width, "quantize", files["bert"], "--per-tensor", "--worst-blocks", "3")
-    doc = json_of("quantize", files["bert"], "--worst-blocks", "3")
+    doc = document("quantize", files["bert"], "--worst-blocks", "3")
     assert_shown(out, *[sqnr(s) for t in doc["tensors"] if t["schemes"]
                         for s in t["schemes"]])
     if width == 120:  # names whole on their own line (80: broken after a dot)
@@ -133,7 +147,7 @@ SCALE_SEARCH = [[], ["small"], ["steps", "--over-first-axis"], ["one", "--block"
 def test_scale_search(width, args, files):
     args = [files.get(a, a) for a in args]
     out = table(width, "scale-search", *args)
-    doc = json_of("scale-search", *args)
+    doc = document("scale-search", *args)
     assert_shown(out, *[c["name"] for c in doc["candidates"]])
     assert_shown(out, *[sqnr(c) for c in doc["candidates"]])
 
@@ -143,7 +157,7 @@ def test_scale_search(width, args, files):
 @pytest.mark.parametrize("args", [[], ["--histogram"], ["--format", "e5m2"]])
 def test_loss_scale(width, args):
     out = table(width, "loss-scale", *args)
-    doc = json_of("loss-scale", *[a for a in args if a != "--histogram"])
+    doc = document("loss-scale", *[a for a in args if a != "--histogram"])
     assert_shown(out, *[f"2^{s['log2_scale']}" for s in doc["scales"]])
 
 
@@ -151,7 +165,7 @@ def test_loss_scale(width, args):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_check_backends(width):
     out = table(width, "check-backends")
-    reports = json_of("check-backends")["reports"]
+    reports = document("check-backends")["reports"]
     assert_shown(out, *{r["format"] for r in reports}, *{f"{r['inputs']:,}" for r in reports})
 
 
@@ -159,7 +173,7 @@ def test_scale_search_of_a_checkpoint_is_a_table_at_80_columns(files):
     """Scales that differ per tensor make a range too wide for one line at 80 columns: the
     range goes on two lines rather than the table becoming one record per rule."""
     out = table(80, "scale-search", files["small"])
-    doc = json_of("scale-search", files["small"])
+    doc = document("scale-search", files["small"])
     assert "SQNR" in out.splitlines()[1]  # a header row, not records
     assert len(out.splitlines()) < 3 * len(doc["candidates"]) + 10
 
@@ -170,7 +184,7 @@ def test_quantize_summary_comparing_every_recipe(width, files):
     """Seven schemes with long labels: the total stays a table (each label on a line of its
     own above its figures where it does not fit beside them), not one record per scheme."""
     out = table(width, "quantize", files["bert"], "--compare", "all")
-    doc = json_of("quantize", files["bert"], "--compare", "all")
+    doc = document("quantize", files["bert"], "--compare", "all")
     total = out[out.index("Total of"):]
     header = total.splitlines()[2]
     assert "flushed" in header and "SQNR" in header and "saturated" in header
@@ -217,7 +231,7 @@ def quantized(tmp_path_factory):
 def test_audit(width, which, quantized):
     args = [quantized[which.split("-")[0]], *(["--all"] if which.endswith("all") else [])]
     out = table(width, "audit", *args)
-    doc = json_of("audit", *args)
+    doc = document("audit", *args)
     listed = doc["tensors"] if which != "bert" else []
     assert_shown(out, *{f"{t['bits_per_param']:.3f}" for t in listed})
     assert_shown(out, *{value_text(t["values"]["amax"], 3) for t in listed})
