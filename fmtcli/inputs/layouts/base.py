@@ -171,6 +171,12 @@ def part(checkpoint: Checkpoint, key: str, owner: str) -> TensorSource:
     return found
 
 
+def refuse_rows(r0: int, r1: int) -> np.ndarray:
+    """The ``rows_reader`` of a tensor too broken to read (``Quantized.read`` refuses with
+    its first problem before this is reached)."""
+    raise DataError("unreadable quantized tensor")
+
+
 #: A config file larger than this is no config (a hint is never worth reading 16 MiB).
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 

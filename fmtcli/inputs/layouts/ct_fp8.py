@@ -125,6 +125,17 @@ def sibling(module: str, name: str) -> str:
     return f"{module}.{name}" if module else name
 
 
+def siblings(checkpoint: Checkpoint, module: str, roles) -> dict:
+    """The parts of ``module`` the checkpoint holds: role -> tensor, for each (role, last
+    part of the tensor's name) of ``roles``, in their order."""
+    found = {}
+    for role, name in roles:
+        source = checkpoint.get(sibling(module, name))
+        if source is not None:
+            found[role] = source
+    return found
+
+
 # -- the scale grid ------------------------------------------------------------------------
 
 def _side(n) -> bool:
@@ -221,10 +232,9 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales) -> Quantized:
     shape = tuple(codes.shape)
     fmt, weights = config_entry(checkpoint.config, module, FORMATS)
     parts = {"codes": codes, "scales": scales}
-    for role, name in (("zero_point", "weight_zero_point"), ("input_scale", "input_scale")):
-        extra = checkpoint.get(sibling(module, name))
-        if extra is not None and extra.opener is not None:
-            parts[role] = extra
+    extras = siblings(checkpoint, module, (("zero_point", "weight_zero_point"),
+                                           ("input_scale", "input_scale")))
+    parts.update((role, e) for role, e in extras.items() if e.opener is not None)
     problems = [] if matrix_shape(shape) == (math.prod(shape[:-1]), shape[-1]) else [
         f"{codes.key} has shape {list(shape)}: not rows of {shape[-1]} columns"]
     matched = match_strategy(shape, tuple(scales.shape), weights)

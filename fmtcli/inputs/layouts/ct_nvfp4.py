@@ -49,8 +49,8 @@ import numpy as np
 
 from fmtcli.base.dtypes import ITEMSIZES
 from fmtcli.base.errors import DataError
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, unpack_fp4, values_of
-from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
+from fmtcli.inputs.layouts.base import Checkpoint, Quantized, refuse_rows, unpack_fp4, values_of
+from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling, siblings
 from fmtcli.inputs.layouts.lookup import per_block
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -91,6 +91,12 @@ def rows_of_lines(decode, r0: int, r1: int, shape: tuple[int, ...]) -> np.ndarra
 
 # -- the reader ----------------------------------------------------------------------------
 
+#: The parts a packed weight may have beside its codes: (role, last part of the name).
+PARTS = (("scales", "weight_scale"), ("global_scale", "weight_global_scale"),
+         ("zero_point", "weight_zero_point"), ("input_global_scale", "input_global_scale"),
+         ("input_scale", "input_scale"))
+
+
 def claim(checkpoint: Checkpoint) -> list[Quantized]:
     found = []
     for key, packed in checkpoint.tensors.items():
@@ -101,13 +107,7 @@ def claim(checkpoint: Checkpoint) -> list[Quantized]:
         glob = checkpoint.get(sibling(module, "weight_global_scale"))
         if glob is None and (scale is None or scale.dtype != "float8_e4m3fn"):
             continue  # compressed-tensors' MXFP4 (E8M0 uint8 scales), not NVFP4
-        parts = {"codes": packed}
-        for role, name in (("scales", "weight_scale"), ("global_scale", "weight_global_scale"),
-                           ("zero_point", "weight_zero_point"),
-                           ("input_global_scale", "input_global_scale"),
-                           ("input_scale", "input_scale")):
-            if checkpoint.get(sibling(module, name)) is not None:
-                parts[role] = checkpoint.get(sibling(module, name))
+        parts = {"codes": packed, **siblings(checkpoint, module, PARTS)}
         found.append(_quantized(module, parts, checkpoint.config))
     return found
 
@@ -184,12 +184,8 @@ def _quantized(module: str, parts: dict, config: dict | None) -> Quantized:
     return Quantized(NAME, key, packed.source, shape, "float4_e2m1fn",
                      scale.dtype if scale is not None else "float8_e4m3fn",
                      ScaleGroup("block", group), parts,
-                     readers.get("rows", _refuse), facts, readers.get("elements"),
+                     readers.get("rows", refuse_rows), facts, readers.get("elements"),
                      readers.get("scales"), problems)
-
-
-def _refuse(r0: int, r1: int) -> np.ndarray:
-    raise DataError("unreadable quantized tensor")  # read() refuses with its problem first
 
 
 def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) -> dict:

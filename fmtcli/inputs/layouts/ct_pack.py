@@ -46,8 +46,8 @@ import numpy as np
 
 from fmtcli.base.dtypes import ITEMSIZES
 from fmtcli.base.errors import DataError, shown
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, values_of
-from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
+from fmtcli.inputs.layouts.base import Checkpoint, Quantized, refuse_rows, values_of
+from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling, siblings
 from fmtcli.inputs.layouts.ct_nvfp4 import int_setting, rows_of_lines
 from fmtcli.numerics.granularity import ScaleGroup
 
@@ -131,19 +131,19 @@ def _shape(parts: dict, problems: list[str]) -> tuple[int, ...] | None:
     return tuple(values)
 
 
+#: The parts a packed weight may have beside its codes: (role, last part of the name).
+PARTS = (("scales", "weight_scale"), ("shape", "weight_shape"),
+         ("zero_point", "weight_zero_point"), ("g_idx", "weight_g_idx"),
+         ("input_global_scale", "input_global_scale"), ("input_scale", "input_scale"))
+
+
 def claim(checkpoint: Checkpoint) -> list[Quantized]:
     found = []
     for key, packed in checkpoint.tensors.items():
         module = module_of(key, "weight_packed")
         if module is None or packed.dtype != "int32" or packed.opener is None:
             continue
-        parts = {"codes": packed}
-        for role, name in (("scales", "weight_scale"), ("shape", "weight_shape"),
-                           ("zero_point", "weight_zero_point"), ("g_idx", "weight_g_idx"),
-                           ("input_global_scale", "input_global_scale"),
-                           ("input_scale", "input_scale")):
-            if checkpoint.get(sibling(module, name)) is not None:
-                parts[role] = checkpoint.get(sibling(module, name))
+        parts = {"codes": packed, **siblings(checkpoint, module, PARTS)}
         if "scales" not in parts or parts["scales"].dtype not in SCALE_DTYPES:
             continue
         found.append(_quantized(module, parts, checkpoint.config))
@@ -243,12 +243,8 @@ def _quantized(module: str, parts: dict, config: dict | None) -> Quantized:
     readers = _readers(parts, layout, grouping, zero_form) if not problems else {}
     return Quantized(NAME, sibling(module, "weight"), packed.source, shape, f"int{bits}",
                      scale.dtype, grouping.get("group", ScaleGroup("tensor")), parts,
-                     readers.get("rows", _refuse), facts, readers.get("elements"),
+                     readers.get("rows", refuse_rows), facts, readers.get("elements"),
                      readers.get("scales"), problems)
-
-
-def _refuse(r0: int, r1: int) -> np.ndarray:
-    raise DataError("unreadable quantized tensor")  # read() refuses with its problem first
 
 
 def _zero_points(parts: dict, layout: dict, zero_form: str | None) -> np.ndarray | None:
