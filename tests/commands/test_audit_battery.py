@@ -483,8 +483,9 @@ def many_layers(tmp_path_factory) -> dict:
     return out
 
 
-@pytest.mark.parametrize("width", [80, pytest.param(120, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("scheme", ["nvfp4", pytest.param("int4", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
 def test_many_layers_pass_and_fit(many_layers, scheme, width):
     folder, orig = many_layers[scheme]
     code, doc = audit_json(folder)
