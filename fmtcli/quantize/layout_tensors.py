@@ -55,6 +55,7 @@ import numpy as np
 
 from fmtcli.base.choices import Granularity, OutLayout, ScaleRule
 from fmtcli.base.errors import DataError, Param, UsageError, shown
+from fmtcli.numerics.scaling import MX_RULES
 from fmtcli.numerics.schemes import ScaleFormat, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose config format is written
@@ -62,9 +63,10 @@ NVFP4_GROUP = 16
 #: ModelOpt's name of NVFP4 weights without activation quantization (its "NVFP4" is W4A4,
 #: whose layers carry an input_scale fmt has no figure for)
 MODELOPT_ALGO = "W4A16_NVFP4"
+#: the rules whose scales are powers of two (DeepSeek's ``scale_fmt: ue8m0``): fmt's pow2
+#: rules and the MX rules (``numerics.scaling.MX_RULES``)
 POWER_OF_TWO_RULES = (ScaleRule.POW2_FLOOR, ScaleRule.POW2_CEIL, ScaleRule.POW2_NEAREST,
-                      ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN,
-                      ScaleRule.MX_RCEIL)
+                      *MX_RULES)
 
 
 def is_nvfp4(scheme: Scheme) -> bool:
