@@ -99,14 +99,21 @@ def _remove(temporary: str) -> None:
         pass
 
 
+def creation_mode(base: int = 0o666) -> int:
+    """The mode a new file (``base`` 0o666) or folder (0o777) gets under the process's
+    umask (0644 / 0755 under the usual 022), for what was made by ``mkstemp`` / ``mkdtemp``
+    (0600 / 0700).  The umask is read by setting it and putting it back at once."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
+
+
 def _commit(temporary: str, path: str) -> None:
     """Give the file the mode a new file gets (mkstemp's is 0600), then rename into place
     (over a symbolic link: the link is replaced, not its target).  On failure the temporary
     is removed and the reason is a DataError."""
     try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)
+        os.chmod(temporary, creation_mode())
         if os.path.isdir(path) and not os.path.islink(path):
             raise IsADirectoryError(21, "Is a directory")  # appeared since check_target
         os.replace(temporary, path)

@@ -41,7 +41,13 @@ from fmtcli.base.dtypes import SAFETENSORS_CODES
 from fmtcli.base.errors import DataError, Note, Param, UsageError, shown
 from fmtcli.engine.first_pass import apply_first_pass, first_pass_partials
 from fmtcli.engine.run import plan_schemes, quantize_tensor
-from fmtcli.engine.writers import OUT_SUFFIXES, SafetensorsStream, codes_of, output_names
+from fmtcli.engine.writers import (
+    OUT_SUFFIXES,
+    SafetensorsStream,
+    codes_of,
+    creation_mode,
+    output_names,
+)
 from fmtcli.inputs.layouts.base import json_object
 from fmtcli.inputs.source import TensorSource
 from fmtcli.numerics.schemes import Scheme, for_tensor
@@ -296,11 +302,9 @@ def _write_json(path: str, data: dict) -> None:
 def _commit_folder(folder: str, directory: str) -> None:
     """Give the folder and its files the modes new ones get, then rename it into place
     (an existing DIR, checked beforehand, is moved aside and removed after)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(folder, 0o777 & ~mask)
+    os.chmod(folder, creation_mode(0o777))
     for name in os.listdir(folder):
-        os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+        os.chmod(os.path.join(folder, name), creation_mode())
     old = None
     if os.path.isdir(directory):
         old = tempfile.mkdtemp(prefix=".fmtcli-old-", dir=os.path.dirname(folder))
