@@ -18,9 +18,10 @@ every quantized tensor:
 Tensors no reader claims are listed as plain data (count, parameters, dtypes); roles merge
 tensors whose names differ only in layer indices (``streaming.roles``); the totals give the
 model's effective bits per parameter (every stored byte over every parameter) against the
-quantized tensors' nominal, and two checks of the whole input: ``model-bits`` (ModelOpt
-issue #868: an "NVFP4" checkpoint at 6.12 bits/param, most of it left in bfloat16) and
-``config-quantized`` (a config that names a scheme no tensor holds).
+quantized tensors' nominal, and two checks of the whole input (``audit.model_checks``):
+``model-bits`` (ModelOpt issue #868: an "NVFP4" checkpoint at 6.12 bits/param; judged by the
+linear layers left plain that the config does not list) and ``config-quantized`` (a config
+that names a scheme no tensor holds).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from fmtcli.audit import checks as generic
 from fmtcli.audit import layout_checks, passes
 from fmtcli.audit.check import Check, Verdict
+from fmtcli.audit.model_checks import model_checks
 from fmtcli.audit.stats import CodeStats, ValueStats
 from fmtcli.base.choices import CHUNK_ELEMENTS
 from fmtcli.base.errors import DataError, shown
@@ -44,8 +46,6 @@ from fmtcli.streaming.roles import roles_in_order
 __all__ = ["AuditResult", "AuditTotals", "Check", "PlainTensors", "RoleAudit", "TensorAudit",
            "Verdict", "audit_path", "audit_sources"]
 
-#: the model's effective bits may exceed the quantized tensors' nominal by this share
-MODEL_BITS_MARGIN = 0.25
 SEVERITY = {Verdict.FAIL: 3, Verdict.WARN: 2, Verdict.OK: 1, Verdict.NOT_APPLICABLE: 0}
 
 
@@ -267,31 +267,6 @@ def _plain(sources: list[TensorSource]) -> PlainTensors:
                         tuple(s.key if s.key is not None else s.source for s in sources))
 
 
-def _model_checks(tensors, plain: PlainTensors, config, nominal) -> list[Check]:
-    found = []
-    names = generic.config_names(config)
-    if names and not tensors and plain.count:
-        found.append(Check("config-quantized", Verdict.FAIL,
-                           f"config.json names {', '.join(names)}, but no tensor holds a "
-                           f"quantized layout (all {plain.count:,} read as plain data)",
-                           {"config": names}))
-    if tensors and nominal:
-        params = sum(t.params for t in tensors) + plain.params
-        effective = (sum(t.stored_bits for t in tensors) + plain.stored_bits) / params
-        figures = {"effective_bits": effective, "nominal_bits": nominal,
-                   "plain_share": plain.params / params}
-        plain_text = (f"{generic._pct(plain.params / params)} of the parameters are plain "
-                      f"({', '.join(plain.dtypes)})") if plain.count else "no plain tensor"
-        if effective > nominal * (1 + MODEL_BITS_MARGIN):
-            found.append(Check("model-bits", Verdict.WARN, f"{effective:.3f} bits/param over "
-                               f"the model against a nominal {nominal:.4g}: {plain_text}",
-                               figures))
-        else:
-            found.append(Check("model-bits", Verdict.OK, f"{effective:.3f} bits/param "
-                               f"(nominal {nominal:.4g}; {plain_text})", figures))
-    return found
-
-
 def audit_sources(sources: list[TensorSource], config: dict | None = None,
                   keys: list[str] | None = None, path: str = "",
                   chunk_elements: int = CHUNK_ELEMENTS,
@@ -322,7 +297,7 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
     weighted = [(t.nominal_bits, t.params) for t in tensors if t.nominal_bits and t.params]
     nominal = (sum(n * p for n, p in weighted) / sum(p for _, p in weighted)
                if weighted else None)
-    model = _model_checks(tensors, plain_tensors, scan.config, nominal)
+    model = model_checks(tensors, plain, plain_tensors, scan.config, nominal)
     every = [c for t in tensors for c in t.checks] + model
     totals = AuditTotals(len(tensors), sum(t.params for t in tensors),
                          sum(t.stored_bits for t in tensors), plain_tensors.params,

@@ -52,6 +52,7 @@ from fmtcli.inputs.layouts.base import json_object
 from fmtcli.inputs.source import TensorSource
 from fmtcli.numerics.schemes import Scheme, for_tensor
 from fmtcli.quantize import layout_tensors as lt
+from fmtcli.streaming import roles
 from fmtcli.streaming.parallel import shared_array
 from fmtcli.streaming.stream import (
     CHUNK_ELEMENTS,
@@ -64,11 +65,6 @@ from fmtcli.streaming.stream import (
 
 MODEL = "model.safetensors"
 WRITTEN = (MODEL, "config.json", "hf_quant_config.json")
-#: name parts of 2-D weights that are not a linear layer's: embeddings (any part holding
-#: "embed"), output heads or tied tables (a part exactly one of these), MoE routers (a part
-#: "gate", "*_gate" or holding "router": DeepSeek-V3 keeps its gate in bfloat16, ModelOpt
-#: keeps routers "in original precision", llm-compressor's MoE recipes ignore "mlp.gate")
-NOT_LINEAR = ("lm_head", "head", "wte", "wpe", "shared", "gate")
 
 
 class LayoutNote(Note):
@@ -92,12 +88,9 @@ class LayoutPlan:
 
 
 def is_linear_weight(name: str, source: TensorSource) -> bool:
-    """A linear layer's weight (module docstring): 2-D, floating point, named ``*weight``,
-    not an embedding or an output head."""
-    parts = name.lower().split(".")
-    return (source.skipped is None and len(source.shape) == 2 and parts[-1] == "weight"
-            and not any("embed" in p or "router" in p or p in NOT_LINEAR
-                        or p.endswith("_gate") for p in parts[:-1]))
+    """A usable linear layer's weight (``streaming.roles.is_linear_weight``: 2-D,
+    ``*weight``, not an embedding, an output head or a router)."""
+    return source.skipped is None and roles.is_linear_weight(name, source.shape)
 
 
 def check_directory(path: str, inputs: list[str], force: bool) -> None:

@@ -53,3 +53,22 @@ def counted_in_total(names: list[str], include_buffers: bool = False) -> list[in
     if include_buffers:
         return every
     return [i for i in every if not is_buffer(names[i])] or every
+
+
+#: Name parts of 2-D weights that are not a linear layer's: embeddings (any part holding
+#: "embed"), output heads or tied tables (a part exactly one of these), MoE routers (a part
+#: "gate", "*_gate" or holding "router": DeepSeek-V3 keeps its gate in bfloat16, ModelOpt
+#: keeps routers "in original precision", llm-compressor's MoE recipes ignore "mlp.gate").
+NOT_LINEAR = ("lm_head", "head", "wte", "wpe", "shared", "gate")
+
+
+def is_linear_weight(name: str, shape) -> bool:
+    """A linear layer's weight by its name and shape: 2-D, named ``*weight``, not an
+    embedding, an output head or a router (``NOT_LINEAR``) -- what quantization recipes
+    quantize and keep the rest (embeddings, heads, norms, biases) in high precision:
+    ``fmt quantize --layout`` and ``fmt audit``'s ``model-bits``."""
+    parts = name.lower().split(".")
+    return (len(tuple(shape)) == 2 and parts[-1] == "weight"
+            and not any("embed" in p or "router" in p or p in NOT_LINEAR
+                        or p.endswith("_gate") for p in parts[:-1]))
+

@@ -244,19 +244,38 @@ def test_bits_per_param_against_the_nominal(healthy):
 
 
 def test_the_model_bits_warn_when_most_parameters_are_plain(tmp_path):
+    """Embeddings and the head in bfloat16 are what every recipe keeps (ok, however many
+    parameters they hold); linear layers left in bfloat16 that the config does not list
+    are what ModelOpt #868's 6.12 bits/param "NVFP4" export was (warn)."""
     rng = np.random.default_rng(6)
-    plain = {"lm_head.weight": np.ones((600, 128), ml_dtypes.bfloat16),
-             "model.embed_tokens.weight": np.ones((600, 128), ml_dtypes.bfloat16)}
-    lf.nvfp4_modelopt(tmp_path / "m", (rng.standard_normal((64, 128)) * 0.02
-                                       ).astype(np.float32), extra=plain)
+    kept = {"lm_head.weight": np.ones((600, 128), ml_dtypes.bfloat16),
+            "model.embed_tokens.weight": np.ones((600, 128), ml_dtypes.bfloat16)}
+    weight = (rng.standard_normal((64, 128)) * 0.02).astype(np.float32)
+    lf.nvfp4_modelopt(tmp_path / "m", weight, extra=kept)
     result = audit_path(str(tmp_path / "m"))
     c = result.totals.checks[0]
-    assert c.name == "model-bits" and c.verdict.value == "warn"
+    assert c.name == "model-bits" and c.verdict.value == "ok", c.evidence
     params = 64 * 128 + 2 * 600 * 128
     assert result.totals.params == params
     assert abs(result.totals.effective_bits - (result.tensors[0].stored_bits + 2 * 600 * 128
                                                * 16) / params) < 1e-12
-    assert "bfloat16" in c.evidence
+    assert c.figures["effective_bits"] > 3 * c.figures["nominal_bits"]  # reported, not judged
+    left = {**kept, "model.layers.1.mlp.down_proj.weight": np.ones((64, 128), ml_dtypes.bfloat16)}
+    lf.nvfp4_modelopt(tmp_path / "n", weight, extra=left)
+    c = audit_path(str(tmp_path / "n")).totals.checks[0]
+    assert c.name == "model-bits" and c.verdict.value == "warn"
+    assert "bfloat16" in c.evidence and "down_proj" in c.evidence
+    assert c.figures["plain_linear"] == 1 and c.figures["plain_linear_share"] == 0.5
+
+
+@pytest.mark.parametrize("entry", ["model.layers.1.mlp.down_proj", "down_proj",
+                                   "re:.*down_proj", "*mlp.down*"])
+def test_the_model_bits_accept_linear_weights_the_config_leaves_out(entry):
+    from fmtcli.audit.model_checks import is_ignored
+
+    assert is_ignored("model.layers.1.mlp.down_proj", [entry])
+    assert not is_ignored("model.layers.1.mlp.up_proj", [entry])
+    assert not is_ignored("model.layers.1.mlp.down_proj", ["re:(unbalanced"])
 
 
 def test_a_config_naming_a_scheme_no_tensor_holds_fails(tmp_path):
