@@ -130,9 +130,11 @@ class Quantized:
 
     def as_source(self) -> TensorSource:
         """The dequantized tensor as a plain input (dtype float32, read by ``read`` in
-        chunks: ``TensorSource.quantized``), so that every analysis works on it."""
+        chunks: ``TensorSource.quantized``), so that every analysis works on it.  An empty
+        one is skipped ("empty"), as a plain empty tensor is."""
         return TensorSource(self.source, self.key, tuple(self.shape), "float32",
-                            self.dequantize, None, quantized=self)
+                            self.dequantize, "empty" if self.size == 0 else None,
+                            quantized=self)
 
     def describe(self) -> dict:
         """JSON: ``layout``, ``element``, ``scale_dtype``, ``group`` (its spelling),
