@@ -1136,3 +1136,32 @@ def test_a_nan_weight_exported_as_nvfp4_decodes_to_the_engines_values(tmp_path, 
     np.testing.assert_array_equal(np.isnan(values), np.isnan(engine))
     assert np.isnan(engine).any()
     np.testing.assert_allclose(values, engine, rtol=2 ** -23, atol=0)
+
+
+# -- every layout broken, through compare and quantize in process ------------------------------
+
+COMMAND_MUTATIONS = [codes_truncated, codes_no_rows, codes_1d, all_5d, scales_one,
+                     scales_extra_column, scales_dtype(np.int64), scales_missing,
+                     unicode_names, all_scales(float("nan")), all_scales(0.0),
+                     scales_valued(3e38)]
+COMMAND_CASES = _some_slow(
+    [(layout, m, command) for layout in LAYOUTS for m in COMMAND_MUTATIONS
+     for command in ("compare", "quantize")],
+    [f"{command}-{layout}-{m.__name__}" for layout in LAYOUTS for m in COMMAND_MUTATIONS
+     for command in ("compare", "quantize")], quick_every=7)
+
+
+@pytest.mark.parametrize(("layout", "mutation", "command"), COMMAND_CASES)
+def test_compare_and_quantize_of_a_broken_layout(tmp_path, layout, mutation, command):
+    """``fmt compare HEALTHY BROKEN --json`` and ``fmt quantize BROKEN --json``: a result
+    or one Error line (FMT_TRACEBACK=1: a bug raises)."""
+    from cli_helpers import invoke
+
+    broken = _case(tmp_path, layout, mutation, name="broken")
+    args = (["compare", _case(tmp_path, layout, name="healthy"), broken] if command ==
+            "compare" else ["quantize", broken, "--format", "float8_e4m3fn", "--block", "16"])
+    args = [str(a) for a in args] + ["--json"]
+    result = invoke(*args, "--workers", "1")
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        repr(result.exception))
+    judged(result, args)
