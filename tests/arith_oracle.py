@@ -24,7 +24,27 @@ def finite_values(dtype_name: str) -> tuple[Fraction, ...]:
         np.uint8 if dtype.itemsize == 1 else np.uint16)
     with np.errstate(invalid="ignore"):
         values = bits.view(dtype).astype(np.float64)
-    return tuple(sorted({Fraction(float(v)) for v in values if np.isfinite(v)}))
+    # every value is a float64 exactly, so sorting the floats sorts the Fractions (-0 == 0)
+    return tuple(Fraction(float(v)) for v in np.unique(values[np.isfinite(values)]))
+
+
+@functools.cache
+def _finite_floats(dtype_name: str) -> tuple[float, ...]:
+    """finite_values as floats (the same numbers exactly): a quick first guess of the place."""
+    return tuple(float(v) for v in finite_values(dtype_name))
+
+
+def _place(q: Fraction, dtype_name: str) -> int:
+    """bisect_left(finite_values, q), exactly: a bisection of the floats by float(q), which is
+    within a place or two of it (float(q) is q correctly rounded, the floats are the values),
+    then moved by exact comparisons of Fractions until values[i - 1] < q <= values[i]."""
+    values = finite_values(dtype_name)
+    i = bisect.bisect_left(_finite_floats(dtype_name), float(q))
+    while i > 0 and values[i - 1] >= q:
+        i -= 1
+    while i < len(values) and values[i] < q:
+        i += 1
+    return i
 
 
 def choose(q: Fraction, lo: Fraction, hi: Fraction, mode: str, lo_even: bool,
@@ -53,7 +73,7 @@ def round_listed(q: Fraction, dtype_name: str, mode: str, u: float | None = None
     values = finite_values(dtype_name)
     if q < values[0] or q > values[-1]:
         return OVERFLOW
-    i = bisect.bisect_left(values, q)
+    i = _place(q, dtype_name)
     if values[i] == q:
         return q
     lo, hi = values[i - 1], values[i]
