@@ -494,3 +494,18 @@ def test_many_layers_pass_and_fit(many_layers, scheme, width):
         done = invoke(*args, env={"COLUMNS": str(width)})
         assert done.exit_code == 0, (args, done.stderr)
         assert_fits(done.stdout, width)
+
+
+@pytest.mark.parametrize("columns", [384, 512, 2048])
+def test_uniform_init_mxfp4_with_half_size_scales_fails(tmp_path, columns):
+    """The exporter that divided by half the rule's scale (E8M0 byte one lower, the codes
+    clipped at 6): mx-scale-rule fails it on uniform-init weights at every width."""
+    w = lf.linear_init(3, (64, columns))
+    blocks = w.reshape(64, -1, 32).astype(np.float64)
+    scale = (lf.ct_mx_bytes(blocks, 2) - 1).astype(np.uint8)
+    scaled = blocks / np.ldexp(1.0, scale.astype(np.int32) - 127)[..., None]
+    tensors = {STEM + ".weight_packed": lf.pack(lf.fp4_codes(scaled.reshape(w.shape))),
+               STEM + ".weight_scale": scale}
+    code, doc = audit_json(lf.write_layout(tmp_path / "m", tensors, lf.ct_config("mxfp4")))
+    assert code == 1 and ("mx-scale-rule", "fail") in {
+        (c["name"], c["verdict"]) for t in doc["tensors"] for c in t["checks"]}
