@@ -42,6 +42,7 @@ import numpy as np
 
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, json_object, values_of
 from fmtcli.inputs.layouts.fp4_blocks import dequantized_rows, fp4_values, row_span
+from fmtcli.inputs.layouts.lookup import byte_float_values
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "modelopt-nvfp4"
@@ -190,10 +191,7 @@ def _mislabelled(checkpoint, key, codes, scales, facts) -> Quantized:
              "nominal_bits": 8.0, "scale_rule": "weight_scale = amax / 448 (ModelOpt FP8)"}
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
-        from fmtcli.inputs.storage import as_values
-
-        stored = np.asarray(as_values(codes.stored())).reshape(rows, cols)
-        return stored[r0:r1].astype(np.float32)
+        return byte_float_values(codes.stored().reshape(rows, cols)[r0:r1])
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         scale = values_of(scales).astype(np.float64).reshape(-1)
