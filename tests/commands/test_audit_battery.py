@@ -509,3 +509,25 @@ def test_uniform_init_mxfp4_with_half_size_scales_fails(tmp_path, columns):
     code, doc = audit_json(lf.write_layout(tmp_path / "m", tensors, lf.ct_config("mxfp4")))
     assert code == 1 and ("mx-scale-rule", "fail") in {
         (c["name"], c["verdict"]) for t in doc["tensors"] for c in t["checks"]}
+
+
+# -- KV scales as fmt kv --out writes them ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kv_file(tmp_path_factory) -> Path:
+    """``fmt kv --out`` of its built-in example: per-head k_scale / v_scale of two layers."""
+    path = tmp_path_factory.mktemp("kv") / "kv.safetensors"
+    done = invoke("kv", "--granularity", "tensor,head", "--out", path)
+    assert done.exit_code == 0, done.stderr
+    return path
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_fmt_kv_out_scales_pass(kv_file, width):
+    code, doc = audit_json(kv_file)
+    assert code == 0 and flags(doc) == [] and doc["layouts"] == ["kv-scales"]
+    assert len(doc["tensors"]) == 4
+    assert {c["name"] for t in doc["tensors"] for c in t["checks"]} >= {"kv-scales"}
+    done = invoke("audit", kv_file, env={"COLUMNS": str(width)})
+    assert done.exit_code == 0
+    assert_fits(done.stdout, width)
