@@ -1165,3 +1165,16 @@ def test_compare_and_quantize_of_a_broken_layout(tmp_path, layout, mutation, com
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         repr(result.exception))
     judged(result, args)
+
+
+def test_audit_of_standard_input_reads_no_config(tmp_path, monkeypatch):
+    """Numbers on stdin have no folder: the current directory's config.json is not theirs
+    (it named fp8, and the plain numbers failed config-quantized)."""
+    from cli_helpers import invoke
+
+    (tmp_path / "config.json").write_text(_qc({"quant_method": "fp8"}))
+    monkeypatch.chdir(tmp_path)
+    result = invoke("audit", "-", "--json", input="1 2 3\n")
+    judged(result, ["audit", "-", "--json"])
+    assert result.exit_code == 0, result.stdout[-800:]
+    assert strict_loads(result.stdout)["config"] is None
