@@ -94,7 +94,7 @@ def claim(checkpoint: Checkpoint) -> list[Quantized]:
         scales = checkpoint.get(key + "_scale")
         if scales is None or not key.endswith("weight"):
             continue
-        folder = os.path.dirname(codes.source)
+        folder = os.path.dirname(codes.source) or "."  # a bare file name: the cwd
         if folder not in schemes:
             schemes[folder] = scheme_of(checkpoint.config, folder)
         algo, size, where = schemes[folder]
