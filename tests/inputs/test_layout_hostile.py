@@ -1178,3 +1178,16 @@ def test_audit_of_standard_input_reads_no_config(tmp_path, monkeypatch):
     judged(result, ["audit", "-", "--json"])
     assert result.exit_code == 0, result.stdout[-800:]
     assert strict_loads(result.stdout)["config"] is None
+
+
+def test_modelopt_hf_quant_config_beside_a_bare_file_name(tmp_path, monkeypatch):
+    """``cd folder && fmt audit model.safetensors``: the file's folder is the current one,
+    and its hf_quant_config.json names the scheme (it was not looked for)."""
+    tensors, _, roles = modelopt()
+    write_case(tmp_path / "m", tensors, None, roles, {"hf_quant": json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4",
+                                                             "group_size": 16}})})
+    monkeypatch.chdir(tmp_path / "m")
+    (q,) = layouts.scan(load_path("model.safetensors", as_stored=True)).quantized
+    assert (q.facts["config_scheme"], q.facts["config_file"]) == ("NVFP4",
+                                                                   "hf_quant_config.json")
