@@ -56,16 +56,26 @@ def load_path(path: str, as_stored: bool = False) -> list[TensorSource]:
         return files.load_text("-")
     kind = files.kind_of(path)
     if kind == files.DIRECTORY:  # a model folder, or the tensor files it holds
-        sources, folder = checkpoints.load_directory(path), path
+        sources = checkpoints.load_directory(path)
     elif kind == files.INDEX:  # a sharded checkpoint, by its index
-        sources, folder = checkpoints.load_index(path)[0], os.path.dirname(path)
+        sources = checkpoints.load_index(path)[0]
     else:
-        sources, folder = files.read_file(path), os.path.dirname(path) or "."
+        sources = files.read_file(path)
     if as_stored or not any(s.key is not None for s in sources):
         return sources
     from fmtcli.inputs import layouts
 
-    return layouts.dequantized(sources, layouts.read_config(folder))
+    return layouts.dequantized(sources, layouts.read_config(config_folder(path)))
+
+
+def config_folder(path: str) -> str | None:
+    """The folder whose ``config.json`` describes ``path``: a directory itself, else the
+    folder its file (or index) is in, ``.`` for a bare file name; None for stdin (``-``).
+    The one answer for every reader of a checkpoint's config (``load_path``,
+    ``load_inputs``, ``fmt audit``)."""
+    if path == "-":
+        return None
+    return checkpoints.folder_of(path) or "."
 
 
 def _names_of(source: TensorSource) -> Iterator[str]:
@@ -105,7 +115,7 @@ def _load_all(paths: list[str], as_stored: bool) -> list[TensorSource]:
     groups: dict = {}
     for path in paths:
         plain = path != "-" and files.kind_of(path) not in (files.DIRECTORY, files.INDEX)
-        folder = (os.path.dirname(path) or ".") if plain else None
+        folder = config_folder(path) if plain else None
         groups.setdefault(folder if plain else (path,), []).append(path)
     from fmtcli.inputs import layouts
 
@@ -115,17 +125,10 @@ def _load_all(paths: list[str], as_stored: bool) -> list[TensorSource]:
         if not any(s.key is not None for s in stored):
             sources += stored
             continue
-        where = folder if isinstance(folder, str) else _folder_of(group[0])
+        where = folder if isinstance(folder, str) else config_folder(group[0])
         sources += layouts.dequantized(stored, layouts.read_config(where), note=False)
     _layout_note([s for s in sources if s.quantized is not None], paths)
     return sources
-
-
-def _folder_of(path: str) -> str | None:
-    """The folder whose config.json describes a directory or an index (``load_path``'s)."""
-    if path == "-":
-        return None
-    return path if files.kind_of(path) == files.DIRECTORY else os.path.dirname(path)
 
 
 def _layout_note(quantized: list[TensorSource], paths: list[str]) -> None:

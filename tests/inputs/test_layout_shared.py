@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 from cli_helpers import json_of
@@ -75,3 +76,38 @@ def test_fp4_and_e8m0_values_are_the_definitions_bit_for_bit():
     packed = np.array([[0x21, 0xF8]], dtype=np.uint8)  # low nibble first: 0.5, 1 | -0, -6
     assert base.unpack_fp4(packed).tolist() == [[0.5, 1.0, -0.0, -6.0]]
     assert base.unpack_fp4(packed, low_first=False).tolist() == [[1.0, 0.5, -6.0, -0.0]]
+
+
+def _deepseek_shards(folder):
+    """A sharded DeepSeek-V3 FP8 checkpoint (README_WEIGHTS.md: float8_e4m3fn weight,
+    float32 weight_scale_inv per 128x128 block) with its config.json and index."""
+    rng = np.random.default_rng(2)
+    codes = rng.standard_normal((256, 256)).astype(ml_dtypes.float8_e4m3fn)
+    shard = "model-00001-of-00001.safetensors"
+    write_safetensors(str(folder / shard), {"l.weight": codes,
+                                            "l.weight_scale_inv": np.full((2, 2), 0.5,
+                                                                          np.float32)})
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"l.weight": shard, "l.weight_scale_inv": shard}}))
+    (folder / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic"}}))
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_an_index_reads_its_folders_config_wherever_it_is_given(tmp_path, monkeypatch,
+                                                                  where):
+    """load_path, load_inputs and fmt audit ask one function for the config's folder
+    (``tensors.config_folder``): an index named bare in the working directory counts."""
+    from fmtcli.inputs.tensors import config_folder, load_inputs, load_path
+
+    _deepseek_shards(tmp_path)
+    if where == "here":
+        monkeypatch.chdir(tmp_path)
+    index = "model.safetensors.index.json" if where == "here" else str(
+        tmp_path / "model.safetensors.index.json")
+    assert config_folder(index) == ("." if where == "here" else str(tmp_path))
+    assert config_folder("-") is None and config_folder(str(tmp_path)) == str(tmp_path)
+    for sources in (load_path(index), load_inputs([index])):
+        (source,) = sources
+        assert source.quantized.facts["config_scheme"] == "fp8"
