@@ -212,6 +212,16 @@ def folder_of(path: str) -> str:
     return path if os.path.isdir(path) else os.path.dirname(path)
 
 
+def config_folder(path: str) -> str | None:
+    """The folder whose ``config.json`` describes ``path``: a directory itself, else the
+    folder its file (or index) is in, ``.`` for a bare file name; None for stdin (``-``).
+    The one answer for every reader of a checkpoint's config (``tensors.load_path``,
+    ``tensors.load_inputs``, the ModelOpt reader's hf_quant_config.json, ``fmt audit``)."""
+    if path == "-":
+        return None
+    return folder_of(path) or "."
+
+
 def common_folder(tensors) -> str | None:
     """The deepest folder that holds every tensor's file (None where they share none)."""
     try:

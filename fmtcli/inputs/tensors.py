@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 from fmtcli.base.errors import DataError, Param, UsageError, shown
 from fmtcli.inputs import checkpoints, files
+from fmtcli.inputs.checkpoints import config_folder as config_folder  # re-exported
 from fmtcli.inputs.files import SUFFIXES  # noqa: F401  (re-exported)
 from fmtcli.inputs.source import (  # noqa: F401  (re-exported: the Python API's names)
     EXAMPLE_SEED,
@@ -66,16 +67,6 @@ def load_path(path: str, as_stored: bool = False) -> list[TensorSource]:
     from fmtcli.inputs import layouts
 
     return layouts.dequantized(sources, layouts.read_config(config_folder(path)))
-
-
-def config_folder(path: str) -> str | None:
-    """The folder whose ``config.json`` describes ``path``: a directory itself, else the
-    folder its file (or index) is in, ``.`` for a bare file name; None for stdin (``-``).
-    The one answer for every reader of a checkpoint's config (``load_path``,
-    ``load_inputs``, ``fmt audit``)."""
-    if path == "-":
-        return None
-    return checkpoints.folder_of(path) or "."
 
 
 def _names_of(source: TensorSource) -> Iterator[str]:

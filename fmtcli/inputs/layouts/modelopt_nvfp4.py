@@ -36,10 +36,9 @@ Stacked experts (E x O x I/2 with E x O x I/16 block scales) are read matrix by 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from fmtcli.inputs.checkpoints import config_folder
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, json_object, values_of
 from fmtcli.inputs.layouts.fp4_blocks import dequantized_rows, fp4_values, row_span
 from fmtcli.inputs.layouts.lookup import byte_float_values
@@ -94,7 +93,7 @@ def claim(checkpoint: Checkpoint) -> list[Quantized]:
         scales = checkpoint.get(key + "_scale")
         if scales is None or not key.endswith("weight"):
             continue
-        folder = os.path.dirname(codes.source) or "."  # a bare file name: the cwd
+        folder = config_folder(codes.source)  # a bare file name: the cwd
         if folder not in schemes:
             schemes[folder] = scheme_of(checkpoint.config, folder)
         algo, size, where = schemes[folder]
