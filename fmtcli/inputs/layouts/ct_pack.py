@@ -224,6 +224,9 @@ def _quantized(module: str, parts: dict, config: dict | None) -> Quantized:
     if grouping and "g_idx" in parts and parts["g_idx"].size != layout["shape"][-1]:
         problems.append(f"{parts['g_idx'].key} has {parts['g_idx'].size} entries, not one "
                         f"per column ({layout['shape'][-1]})")
+    elif grouping and "g_idx" in parts and parts["g_idx"].dtype not in INT_DTYPES:
+        problems.append(f"{parts['g_idx'].key} is {parts['g_idx'].dtype}, not group indices "
+                        "(integers)")
     bits = layout.get("bits") or int_setting(weights, "num_bits", 1, 8) or 4
     shape = layout.get("shape") or (tuple(packed.shape[:-1]) + (
         packed.shape[-1] * 32 // bits,) if packed.shape else (0,))
