@@ -1191,3 +1191,38 @@ def test_modelopt_hf_quant_config_beside_a_bare_file_name(tmp_path, monkeypatch)
     (q,) = layouts.scan(load_path("model.safetensors", as_stored=True)).quantized
     assert (q.facts["config_scheme"], q.facts["config_file"]) == ("NVFP4",
                                                                    "hf_quant_config.json")
+
+
+# -- zero points and group indices -----------------------------------------------------------
+
+EXTRAS = {
+    "g_idx-out-of-range": ("g_idx", np.full(64, 7, np.int32)),
+    "g_idx-negative": ("g_idx", np.full(64, -1, np.int64)),
+    "g_idx-float-nan": ("g_idx", np.full(64, np.nan, np.float32)),
+    "g_idx-short": ("g_idx", np.zeros(63, np.int32)),
+    "g_idx-bool": ("g_idx", np.zeros(64, np.bool_)),
+    "g_idx-2d": ("g_idx", np.zeros((8, 8), np.int32)),
+    "zero-float": ("zero", np.full((64, 2), np.nan, np.float32)),
+    "zero-wrong-shape": ("zero", np.zeros((64, 3), np.int8)),
+    "zero-packed-wrong": ("zero", np.zeros((7, 2), np.int32)),
+    "zero-huge": ("zero", np.full((64, 2), 2**62, np.int64)),
+    "zero-bool": ("zero", np.ones((64, 2), np.bool_)),
+    "zero-uint64": ("zero", np.full((64, 2), 2**64 - 1, np.uint64)),
+}
+EXTRA_NAMES = {"g_idx": "weight_g_idx", "zero": "weight_zero_point"}
+
+
+@pytest.mark.parametrize("case", list(EXTRAS))
+@pytest.mark.parametrize("layout", ["ct_pack", "ct_fp8_channel", "ct_nvfp4"])
+def test_zero_points_and_group_indices(tmp_path, layout, case):
+    tensors, config, roles = LAYOUTS[layout]()
+    role, value = EXTRAS[case]
+    if layout == "ct_fp8_channel" and role == "zero":
+        value = value[:, :1]
+    tensors[f"{M}.{EXTRA_NAMES[role]}"] = value
+    found = settled(write_case(tmp_path / "case", tensors, config, roles))
+    (q,) = found["quantized"]
+    if case in ("g_idx-out-of-range", "g_idx-negative", "g_idx-float-nan") and (
+            layout == "ct_pack"):
+        with pytest.raises(DataError):
+            q.dequantize()
