@@ -1087,7 +1087,12 @@ def test_cli_fresh_process(tmp_path, case):
     """The CLI cases as a user runs them (a fresh process, 60 s at most, default workers)."""
     args = [str(a) for a in CLI_CASES[case](tmp_path)]
     before = snapshot(args)
-    judged(run_fmt(*args, timeout=60), args, before)
+    result = run_fmt(*args, timeout=60)
+    judged(result, args, before)
+    if "--json" not in args:  # tables at the default 80 columns, nothing cut with "…"
+        from cli_helpers import assert_fits
+
+        assert_fits(result.stdout.decode("utf-8", "replace"), 80)
 
 
 # -- odd but valid shapes read as their plain 2-D selves -----------------------------------
