@@ -940,6 +940,15 @@ def _written(tmp: Path, source: Path, *options) -> Path:
     return out
 
 
+def _half_broken(tmp: Path) -> Path:
+    """A healthy plain linear weight first, then a layout whose scale grid is half its size
+    (the failure comes after the first tensor is written)."""
+    tensors, config, roles = ct_mxfp4()
+    first = {"model.layers.0.mlp.up_proj.weight": RNG.standard_normal((64, 64)).astype(
+        np.float32)}
+    return write_case(tmp / "half", {**first, **scales_half(tensors, roles)}, config, roles)
+
+
 def _odd_npz(tmp: Path) -> Path:
     path = tmp / "odd.npz"
     np.savez(path, **{"s": np.array(["abc"]), "c.weight_scale": np.ones((2, 1), np.complex64),
@@ -1021,6 +1030,12 @@ CLI_CASES = {
     "layout-modelopt-of-ct-nvfp4": lambda t: ["quantize", _case(t, "ct_nvfp4"), "--recipe",
                                               "nvfp4", "--out", t / "out", "--layout",
                                               "modelopt-nvfp4", "--json"],
+    "out-fails-midway": lambda t: ["quantize", _half_broken(t), "--out", t / "o.safetensors"],
+    "out-npz-fails-midway": lambda t: ["quantize", _half_broken(t), "--out", t / "o.npz"],
+    "out-npy-fails-midway": lambda t: ["quantize", _half_broken(t), "--key", f"{M}.weight",
+                                       "--out", t / "o.npy"],
+    "layout-fails-midway": lambda t: ["quantize", _half_broken(t), "--per", "tensor", "--out",
+                                      t / "dir", "--layout", "compressed-tensors"],
     "layout-into-a-file": lambda t: ["quantize", _case(t, "ct_fp8_channel"), "--per",
                                      "tensor", "--out", _case(t, "kv", name="k") /
                                      "model.safetensors", "--layout", "compressed-tensors"],
