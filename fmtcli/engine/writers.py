@@ -57,11 +57,8 @@ def check_target(path: str, inputs: list[str], force: bool) -> str:
     if suffix not in OUT_SUFFIXES:
         raise UsageError(Param("out", path) + ": an output file must end in "
                          + ", ".join(OUT_SUFFIXES))
-    target = os.path.realpath(path)
-    for item in inputs:
-        if item != "-" and os.path.exists(item) and os.path.realpath(item) == target:
-            raise UsageError(Param("out", path)
-                             + " is one of the inputs; refusing to overwrite it")
+    if among(path, inputs):
+        raise UsageError(Param("out", path) + " is one of the inputs; refusing to overwrite it")
     if os.path.isdir(path):
         raise UsageError(Param("out", path) + " is a directory", "give a file name in it")
     if os.path.islink(path) and not force:
@@ -124,11 +121,22 @@ def _commit(temporary: str, path: str) -> None:
 
 def check_not_an_input(path: str, sources) -> None:
     """Refuse a target that is one of the tensors' files (e.g. found in an input folder)."""
-    target = os.path.realpath(path)
-    for source in sources:
-        if os.path.exists(source.source) and os.path.realpath(source.source) == target:
-            raise UsageError(Param("out", path)
-                             + " is one of the inputs; refusing to overwrite it")
+    if among(path, [source.source for source in sources]):
+        raise UsageError(Param("out", path) + " is one of the inputs; refusing to overwrite it")
+
+
+def among(target: str, paths, inside: bool = False) -> bool:
+    """Whether one of ``paths`` (as given; ``-`` and paths that do not exist are skipped)
+    is ``target`` itself or, with ``inside``, lies anywhere in the folder ``target``, links
+    resolved: the one test that an output would overwrite an input."""
+    real_target = os.path.realpath(target)
+    for item in paths:
+        if item == "-" or not os.path.exists(item):
+            continue
+        real = os.path.realpath(item)
+        if real == real_target or (inside and real.startswith(real_target + os.sep)):
+            return True
+    return False
 
 
 def output_names(sources) -> list[str]:

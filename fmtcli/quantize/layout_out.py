@@ -44,6 +44,7 @@ from fmtcli.engine.run import plan_schemes, quantize_tensor
 from fmtcli.engine.writers import (
     OUT_SUFFIXES,
     SafetensorsStream,
+    among,
     codes_of,
     creation_mode,
     output_names,
@@ -104,11 +105,8 @@ def check_directory(path: str, inputs: list[str], force: bool) -> None:
                          "folder", "give a directory")
     if os.path.islink(path):
         raise UsageError(shown_path + " is a symbolic link", "give a directory")
-    target = os.path.realpath(path)
-    for item in inputs:
-        real = os.path.realpath(item) if item != "-" and os.path.exists(item) else None
-        if real and (real == target or real.startswith(target + os.sep)):
-            raise UsageError(shown_path + " holds an input; refusing to replace it")
+    if among(path, inputs, inside=True):
+        raise UsageError(shown_path + " holds an input; refusing to replace it")
     if os.path.isdir(path) and os.listdir(path):
         if not force:
             raise UsageError(f"{shown(path)} is not empty",
@@ -150,12 +148,9 @@ def plan_layout(directory: str, layout: OutLayout | str, scheme: Scheme,
         raise UsageError("nothing for " + Param("layout", layout.value) + " to quantize: "
                          "no linear weight (a 2-D floating-point tensor named *weight, not "
                          "an embedding or lm_head)")
-    target = os.path.realpath(directory)
+    if among(directory, [source.source for source in sources], inside=True):
+        raise UsageError(Param("out", directory) + " holds an input; refusing to replace it")
     for name, source, q in zip(names, sources, quantized):
-        real = os.path.realpath(source.source) if os.path.exists(source.source) else ""
-        if real == target or real.startswith(target + os.sep):
-            raise UsageError(Param("out", directory) + " holds an input; refusing to "
-                             "replace it")
         if q:
             lt.check_tensor(layout, scheme, name, source.shape)
     ignored = sorted({n[: -len(".weight")] for n, s, q in zip(names, sources, quantized)
