@@ -39,13 +39,12 @@ import numpy as np
 
 from fmtcli.base.dtypes import ITEMSIZES, SAFETENSORS_CODES, SAFETENSORS_NAMES
 from fmtcli.base.errors import DataError, Param, UsageError, shown
+from fmtcli.inputs.layouts.fmt_out import MARKER, MARKER_KEY, NPZ_METADATA
 from fmtcli.numerics.formats import FormatSpec
 from fmtcli.numerics.rounding import encode
 from fmtcli.streaming.stream import matrix_shape
 
 OUT_SUFFIXES = (".npy", ".npz", ".safetensors")
-#: The .npz member holding the metadata (.safetensors: its header's ``__metadata__``).
-NPZ_METADATA = "__metadata__"
 #: The most bytes of a tensor copied into memory at once by ``SafetensorsStream``.
 COPY_BYTES = 64 << 20
 
@@ -240,7 +239,7 @@ def _scales_array(scales) -> np.ndarray:
 def write_codes(path: str, tensors: list[tuple[str, np.ndarray, np.ndarray, dict]]) -> None:
     """Write (key, codes, scales, description) per tensor to .npz or .safetensors."""
     arrays: dict[str, np.ndarray] = {}
-    metadata: dict[str, str] = {"fmtcli": "x_q = decode(codes) / scales"}
+    metadata: dict[str, str] = {MARKER_KEY: MARKER}
     for key, codes, scales, description in tensors:
         arrays[f"{key}.codes"] = np.ascontiguousarray(codes)
         arrays[f"{key}.scales"] = _scales_array(scales)

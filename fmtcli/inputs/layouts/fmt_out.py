@@ -48,7 +48,9 @@ DESCRIPTION = ("fmt quantize --out: <key>.codes (element codes) + <key>.scales (
 REFERENCE = "fmtcli/engine/writers.py write_codes; fmtcli/quantize/outputs.py Output.done"
 
 MARKER_KEY, MARKER = "fmtcli", "x_q = decode(codes) / scales"
-NPZ_METADATA = "__metadata__"  # engine.writers.NPZ_METADATA (inputs cannot import engine)
+#: The .npz member holding the metadata (.safetensors: its header's ``__metadata__``);
+#: ``engine.writers`` writes both with these names.
+NPZ_METADATA = "__metadata__"
 MAX_METADATA_BYTES = 64 << 20
 CODE_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 SCALE_DTYPES = ("float32", "float64")
