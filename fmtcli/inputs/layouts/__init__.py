@@ -78,9 +78,11 @@ def scan(sources: list[TensorSource], config: dict | None = None) -> Scan:
         if source.key is not None:
             by_file.setdefault(source.source, {})[source.key] = source
     tensors = {}
-    for group in by_file.values():  # a key repeated across shards: the first file's
-        for key, source in group.items():
-            tensors.setdefault(key, source)
+    for readable in (True, False):  # a key repeated across shards: the first file's
+        for group in by_file.values():  # that can be read (not a shard's tensor that
+            for key, source in group.items():  # its index does not name)
+                if (source.opener is not None) == readable:
+                    tensors.setdefault(key, source)
     found: list[Quantized] = []
     claimed: set[int] = set()
     for name in READERS:
