@@ -1254,3 +1254,24 @@ def test_zero_points_and_group_indices(tmp_path, layout, case):
             layout == "ct_pack"):
         with pytest.raises(DataError):
             q.dequantize()
+
+
+def test_an_unindexed_duplicate_in_an_earlier_shard_does_not_hide_the_weight(tmp_path):
+    """The index names the scale (in shard 2) first, then the weight (in shard 1); shard 2
+    also holds a tensor of the weight's name the index does not name (skipped, unreadable):
+    the indexed weight is the one read, with its scales (it was hidden, read as plain FP8
+    codes without scales)."""
+    tensors, config, roles = deepseek()
+    folder = tmp_path / "case"
+    folder.mkdir()
+    one, two = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    write_st(folder / one, {roles["codes"]: tensors[roles["codes"]]})
+    write_st(folder / two, {roles["scales"]: tensors[roles["scales"]],
+                            roles["codes"]: np.zeros((2, 2), np.float32)})
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {roles["scales"]: two, roles["codes"]: one}}))
+    (folder / "config.json").write_text(_qc(config))
+    found = settled(folder)
+    (q,) = found["quantized"]
+    assert q.layout == "deepseek-fp8" and q.parts["codes"].source.endswith(one)
+    assert not failed_checks(found)
