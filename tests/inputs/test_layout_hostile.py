@@ -1278,3 +1278,35 @@ def test_an_unindexed_duplicate_in_an_earlier_shard_does_not_hide_the_weight(tmp
     (q,) = found["quantized"]
     assert q.layout == "deepseek-fp8" and q.parts["codes"].source.endswith(one)
     assert not failed_checks(found)
+
+
+def _torch_of(arr):
+    torch = pytest.importorskip("torch")
+    arr = np.ascontiguousarray(arr)
+    views = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (
+        np.uint8, torch.float8_e4m3fn), "float8_e8m0fnu": (np.uint8, getattr(
+            torch, "float8_e8m0fnu", None))}
+    if arr.dtype.name in views:
+        raw, dtype = views[arr.dtype.name]
+        if dtype is None:
+            pytest.skip("this torch has no float8_e8m0fnu")
+        return torch.from_numpy(arr.view(raw).copy()).view(dtype)
+    return torch.from_numpy(arr.copy())
+
+
+@pytest.mark.parametrize("layout", [n for n in LAYOUTS if n != "fmt_out"])
+def test_every_layout_in_a_torch_file_reads_as_in_safetensors(tmp_path, layout):
+    """The same tensors saved by torch.save (weights_only loading) read to the same values."""
+    torch = pytest.importorskip("torch")
+    tensors, config, roles = LAYOUTS[layout]()
+    base = settled(write_case(tmp_path / "st", tensors, config, roles))
+    folder = tmp_path / "pt"
+    folder.mkdir()
+    torch.save({k: _torch_of(v) for k, v in tensors.items()}, folder / "model.pt")
+    (folder / "config.json").write_text(_qc(config))
+    found = settled(folder)
+    assert [q.layout for q in found["quantized"]] == [q.layout for q in base["quantized"]]
+    for q, b in zip(found["quantized"], base["quantized"]):
+        rows, cols = q.matrix
+        np.testing.assert_array_equal(q.read(slice(0, rows), slice(0, cols)),
+                                      b.read(slice(0, rows), slice(0, cols)))
