@@ -1310,3 +1310,26 @@ def test_every_layout_in_a_torch_file_reads_as_in_safetensors(tmp_path, layout):
         rows, cols = q.matrix
         np.testing.assert_array_equal(q.read(slice(0, rows), slice(0, cols)),
                                       b.read(slice(0, rows), slice(0, cols)))
+
+
+KV_METADATA = {"bfloat16": {"format": "bfloat16", "checkpoint_factor": "1"},
+               "float32": {"format": "float32", "checkpoint_factor": "x"},
+               "unknown": {"format": "float9", "checkpoint_factor": "1"},
+               "long": {"format": "f" * 5000, "checkpoint_factor": "1"},
+               "int8": {"format": "int8", "checkpoint_factor": "1"},
+               "fnuz": {"format": "float8_e4m3fnuz", "checkpoint_factor": "2"}}
+
+
+@pytest.mark.parametrize("case", list(KV_METADATA))
+def test_kv_scales_under_odd_file_metadata(tmp_path, case):
+    """fmt kv --out's metadata naming a format that is not FP8 (bfloat16: a covered amax of
+    ~1e38 x scale, infinite for big scales), unknown, or 5000 characters long."""
+    from cli_helpers import invoke
+
+    tensors, config, roles = kv()
+    tensors[roles["codes"]] = np.array(3e38, np.float32)
+    folder = write_case(tmp_path / "case", tensors, config, {"metadata": KV_METADATA[case]})
+    found = settled(folder)
+    assert {q.layout for q in found["quantized"]} == {"kv-scales"}
+    result = invoke("audit", folder, "--json", "--workers", "1")
+    judged(result, ["audit", "--json"])
