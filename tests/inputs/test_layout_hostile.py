@@ -1333,3 +1333,25 @@ def test_kv_scales_under_odd_file_metadata(tmp_path, case):
     assert {q.layout for q in found["quantized"]} == {"kv-scales"}
     result = invoke("audit", folder, "--json", "--workers", "1")
     judged(result, ["audit", "--json"])
+
+
+@pytest.mark.parametrize("layout", ["modelopt", "ct_nvfp4"])
+def test_a_config_group_wider_than_the_rows_is_one_scale_per_row(tmp_path, layout):
+    """group_size 2^16 (ModelOpt's bound) or 2^20 (compressed-tensors'): one scale per row
+    of 64 values, read without a 2^16-wide scale array per row."""
+    tensors, config, roles = LAYOUTS[layout]()
+    size = 1 << 16 if layout == "modelopt" else 1 << 20
+    rows = 20_000
+    tensors[roles["codes"]] = packed(rows, 32)
+    tensors[roles["scales"]] = positive(rows, 1, size=100, dtype=F8)
+    if layout == "modelopt":
+        config = {**config, "group_size": size}
+    else:
+        config = ct_config("nvfp4-pack-quantized", num_bits=4, type="float",
+                           strategy="tensor_group", group_size=size)
+    folder = write_case(tmp_path / "case", tensors, config, roles)
+    (q,) = layouts.scan(load_path(str(folder), as_stored=True),
+                        layouts.read_config(str(folder))).quantized
+    assert not q.problems and q.group.block == size
+    values = q.read(slice(0, rows), slice(0, 64))
+    assert values.shape == (rows, 64)
