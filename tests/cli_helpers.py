@@ -3,6 +3,7 @@
 - ``invoke``: the command in-process through typer's CliRunner (stdout and stderr apart),
   wide (COLUMNS=200) unless ``env`` says otherwise; ``run_fmt``: the real program in a
   subprocess, as a user runs it (no FMT_TRACEBACK, COLUMNS=80 unless ``env`` says otherwise);
+  ``run_fmt_each``: several commands so, in one interpreter, each in a child forked from it;
 - ``succeeds``: a run that must exit 0 without a traceback; ``strict_loads``/``json_of``/
   ``quantize_json``: a ``--json`` document, parsed strictly (the non-standard NaN/Infinity
   literals fail the test);
@@ -65,6 +66,59 @@ def run_fmt(*args, env: dict | None = None, stdout=subprocess.PIPE, close_stdout
         command = ["bash", "-c", 'exec "$@" >&-', "fmt", *command]
     return subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, env=environment,
                           timeout=timeout)
+
+
+#: the end of each command's output in run_fmt_each's streams
+SEPARATOR = "\n=== next command ===\n"
+_EACH = f"""
+import json, os, sys
+import fmtcli.cli
+codes = []
+for args, env in json.loads(sys.argv[1]):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for name, value in env.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        sys.argv = ["fmtcli", *args]
+        code = 0
+        try:
+            fmtcli.cli.main(prog_name="fmtcli")
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    os.write(1, {SEPARATOR!r}.encode())
+    os.write(2, {SEPARATOR!r}.encode())
+print(json.dumps(codes))
+"""
+
+
+def run_fmt_each(commands: list, env: dict | None = None,
+                 timeout: float = 240) -> list[tuple[int, bytes, bytes]]:
+    """(exit code, stdout, stderr) of each command of ``commands`` (lists of arguments, or
+    (arguments, environment) pairs), run as ``python -m fmtcli`` does in ONE interpreter
+    started with ``env`` merged over the environment (no FMT_TRACEBACK, COLUMNS=80 unless
+    ``env`` says otherwise; a value of None unsets a variable): each command in a child forked
+    before any ran, so each starts from a fresh command's state and from the streams Python
+    set up at start-up.  A command's own environment (None unsets) is applied in its child:
+    only for what is read while a command runs (COLUMNS), not at start-up (the locale,
+    PYTHONIOENCODING).  One interpreter start instead of one per command."""
+    environment = {**os.environ, "COLUMNS": "80", **(env or {})}
+    environment.pop("FMT_TRACEBACK", None)
+    environment = {k: v for k, v in environment.items() if v is not None}
+    pairs = [(list(map(str, c)), {}) if isinstance(c, list) else (list(map(str, c[0])), c[1])
+             for c in commands]
+    done = subprocess.run([sys.executable, "-c", _EACH, json.dumps(pairs)],
+                          capture_output=True, env=environment, timeout=timeout)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    *outputs, codes = done.stdout.split(SEPARATOR.encode())
+    errors = done.stderr.split(SEPARATOR.encode())[:-1]
+    assert len(outputs) == len(errors) == len(pairs), done.stderr.decode(errors="replace")
+    return list(zip(json.loads(codes), outputs, errors))
 
 
 # -- JSON ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import re
 
 import pytest
 import typer
-from cli_helpers import assert_usage_error, invoke
+from cli_helpers import assert_usage_error, invoke, run_fmt_each
 from typer.core import TyperArgument
 
 from fmtcli.base.choices import RECIPE_NAMES
@@ -181,32 +181,32 @@ def test_dask_local_workers_are_bounded_by_the_cores_available(tmp_path):
 
 # -- tables in a file or a pipe ----------------------------------------------------------
 
-def fmt_to_a_pipe(*args, columns: str | None = None) -> str:
-    """``fmt ARGS``'s stdout through a pipe, as ``fmt ... | less`` gets it (COLUMNS unset
-    unless given)."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FMT_TRACEBACK")}
-    if columns is not None:
-        env["COLUMNS"] = columns
-    proc = subprocess.run([sys.executable, "-m", "fmtcli", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-500:]
-    return proc.stdout
+PIPED = [["range"], ["quantize"], ["underflow", "1e-8", "3e5"]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["range"], ["quantize"], ["underflow", "1e-8", "3e5"]])
-def test_a_table_in_a_pipe_has_no_trailing_spaces_and_the_docs_width(args):
-    out = fmt_to_a_pipe(*args)
-    assert [line for line in out.splitlines() if line != line.rstrip()] == []
-    assert max(map(len, out.splitlines())) <= 80
-    assert out == fmt_to_a_pipe(*args, columns="80")  # as the documentation shows it
+def test_a_table_in_a_pipe_has_no_trailing_spaces_and_the_docs_width():
+    """``fmt ARGS``'s stdout through a pipe, as ``fmt ... | less`` gets it: COLUMNS unset,
+    then COLUMNS=80 (as the documentation shows it); one interpreter, each run in a child
+    forked from it (cli_helpers.run_fmt_each)."""
+    runs = [*((args, {}) for args in PIPED), *((args, {"COLUMNS": "80"}) for args in PIPED)]
+    outs = piped(runs)
+    for args, out, documented in zip(PIPED, outs, outs[len(PIPED):]):
+        assert [line for line in out.splitlines() if line != line.rstrip()] == [], args
+        assert max(map(len, out.splitlines())) <= 80, args
+        assert out == documented, args
+
+
+def piped(runs: list) -> list[str]:
+    """The stdout of each (arguments, environment) of ``runs`` through a pipe, COLUMNS unset
+    unless the run's environment sets it; each run must succeed."""
+    ran = run_fmt_each(runs, env={"COLUMNS": None})
+    assert [code for code, _, _ in ran] == [0] * len(runs), [e[-500:] for _, _, e in ran]
+    return [out.decode() for _, out, _ in ran]
 
 
 def test_columns_still_sets_the_width_of_a_pipe():
-    out = fmt_to_a_pipe("range", columns="200")
+    out, = piped([(["range"], {"COLUMNS": "200"})])
     assert 80 < max(map(len, out.splitlines())) <= 200
     assert [line for line in out.splitlines() if line != line.rstrip()] == []
 

@@ -6,13 +6,12 @@ real command in a subprocess, where the failure needs one.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-from cli_helpers import run_fmt
+from cli_helpers import run_fmt, run_fmt_each
 
 pytestmark = pytest.mark.slow
 
@@ -73,48 +72,17 @@ ASCII_COMMANDS = [["range"], ["range", "--all"], ["underflow", "1e-8", "68.00000
                   ["check-backends", "e2m1"]]
 
 
-#: One interpreter per environment runs every command, each in a child forked from it before
-#: any command ran (a fresh command's state, the streams Python set up at start-up for that
-#: environment): one start-up per environment instead of one per command.  Each child's
-#: stdout ends with SEPARATOR; the parent prints the exit codes on its stdout's last line.
-SEPARATOR = "\n=== next command ===\n"
-DRIVER = f"""
-import json, os, sys
-import fmtcli.cli
-codes = []
-for args in json.loads(sys.argv[1]):
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        sys.argv = ["fmtcli", *args]
-        code = 0
-        try:
-            fmtcli.cli.main(prog_name="fmtcli")
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-    os.write(1, {SEPARATOR!r}.encode())
-print(json.dumps(codes))
-"""
-
-
 @pytest.mark.parametrize("environment", [{"PYTHONIOENCODING": "ascii"},
                                          {"LANG": "C", "LC_ALL": "C", "PYTHONUTF8": "0",
                                           "PYTHONCOERCECLOCALE": "0",
                                           "PYTHONIOENCODING": ""}])
 def test_output_degrades_to_ascii(environment):
-    env = {**os.environ, "COLUMNS": "100", **environment}
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(ASCII_COMMANDS)],
-                          capture_output=True, env=env, timeout=240)
-    stderr = proc.stderr.decode(errors="replace")
-    assert proc.returncode == 0, stderr
-    assert "Traceback" not in stderr
-    *outputs, codes = proc.stdout.split(SEPARATOR.encode())
-    assert json.loads(codes) == [0] * len(ASCII_COMMANDS), stderr
-    assert len(outputs) == len(ASCII_COMMANDS)
-    for args, stdout in zip(ASCII_COMMANDS, outputs):
+    """One interpreter per environment, each command in a child forked from it
+    (cli_helpers.run_fmt_each): the streams are the ones Python set up for the environment."""
+    ran = run_fmt_each(ASCII_COMMANDS, env={"COLUMNS": "100", **environment})
+    for args, (code, stdout, stderr) in zip(ASCII_COMMANDS, ran):
+        stderr = stderr.decode(errors="replace")
+        assert code == 0, (args, stderr)
+        assert "Traceback" not in stderr
         stdout.decode("ascii")  # nothing a C locale cannot show
         assert len(stdout) > 100, args
