@@ -17,7 +17,14 @@ import warnings
 
 import numpy as np
 import pytest
-from cli_helpers import assert_data_error, assert_usage_error, invoke, run_fmt, strict_loads
+from cli_helpers import (
+    assert_data_error,
+    assert_usage_error,
+    invoke,
+    json_of,
+    run_fmt,
+    strict_loads,
+)
 
 from fmtcli.inputs.files import TABLE, TENSOR_SUFFIXES
 from fmtcli.inputs.tensors import load_inputs
@@ -83,8 +90,7 @@ def test_a_lightning_ckpt_through_fmt_quantize_is_its_state_dict(tmp_path):
     assert done.returncode == 0, done.stderr
     doc = strict_loads(done.stdout.decode())
     assert [t["key"] for t in doc["tensors"]] == [f"state_dict.{k}" for k in arrays]
-    reference = run_fmt("quantize", tmp_path / "same.npz", "--format", "e4m3fn", "--json")
-    same = strict_loads(reference.stdout.decode())
+    same = json_of("quantize", tmp_path / "same.npz", "--format", "e4m3fn")  # in-process
     assert stats_of(doc) == stats_of(same)
     assert doc["total"] == same["total"]  # the buffer is left out of both totals alike
     notes = [line for line in done.stderr.decode().splitlines() if "training checkpoint" in line]
