@@ -1076,6 +1076,8 @@ def judged(result, args, before: dict | None = None) -> None:
         result.stderr, bytes) else result.stderr
     stdout = result.stdout.decode("utf-8", "replace") if isinstance(
         result.stdout, bytes) else result.stdout
+    exception = getattr(result, "exception", None)  # CliRunner's (FMT_TRACEBACK=1)
+    assert exception is None or isinstance(exception, SystemExit), repr(exception)
     code = getattr(result, "returncode", getattr(result, "exit_code", None))
     assert code in (0, 1, 2), (code, stderr[-2000:])
     assert "Traceback" not in stderr and "internal error" not in stderr, stderr[-2000:]
@@ -1355,3 +1357,36 @@ def test_a_config_group_wider_than_the_rows_is_one_scale_per_row(tmp_path, layou
     assert not q.problems and q.group.block == size
     values = q.read(slice(0, rows), slice(0, 64))
     assert values.shape == (rows, 64)
+
+
+def _zoo(tmp: Path) -> Path:
+    """Every layout, broken a different way, side by side in one file (prefixed names)."""
+    tensors, ways = {}, [codes_truncated, scales_extra_column, all_scales(float("nan")),
+                         scales_one, codes_no_rows, all_5d, scales_valued(3e38)]
+    for i, (name, make) in enumerate(LAYOUTS.items()):
+        if name == "fmt_out":
+            continue
+        made, _, roles = make()
+        broken = ways[i % len(ways)](made, roles)
+        tensors.update({f"zoo{i}.{k}": v for k, v in broken.items()})
+    folder = tmp / "zoo"
+    folder.mkdir()
+    write_st(folder / "model.safetensors", tensors)
+    return folder
+
+
+def test_audit_of_a_zoo_is_the_same_on_one_and_three_workers(tmp_path):
+    """Eleven layouts broken eleven ways in one file: fmt audit --json gives the same
+    document on one worker and on three (forked; a tensor a worker cannot read is measured
+    again in the parent)."""
+    from cli_helpers import invoke
+
+    folder = _zoo(tmp_path)
+    found = settled(folder)
+    assert len({q.layout for q in found["quantized"]}) >= 8
+    docs = []
+    for workers in ("1", "3"):
+        result = invoke("audit", folder, "--json", "--workers", workers)
+        judged(result, ["audit", "--json"])
+        docs.append(strict_loads(result.stdout))
+    assert docs[0] == docs[1]
