@@ -1375,9 +1375,9 @@ def _zoo(tmp: Path) -> Path:
     return folder
 
 
-def test_audit_of_a_zoo_is_the_same_on_one_and_three_workers(tmp_path):
-    """Eleven layouts broken eleven ways in one file: fmt audit --json gives the same
-    document on one worker and on three (forked; a tensor a worker cannot read is measured
+def test_audit_of_a_zoo_is_the_same_on_one_and_two_workers(tmp_path):
+    """Eleven layouts broken seven ways in one file: fmt audit --json gives the same
+    document on one worker and on two (forked; a tensor a worker cannot read is measured
     again in the parent)."""
     from cli_helpers import invoke
 
@@ -1385,7 +1385,7 @@ def test_audit_of_a_zoo_is_the_same_on_one_and_three_workers(tmp_path):
     found = settled(folder)
     assert len({q.layout for q in found["quantized"]}) >= 8
     docs = []
-    for workers in ("1", "3"):
+    for workers in ("1", "2"):
         result = invoke("audit", folder, "--json", "--workers", workers)
         judged(result, ["audit", "--json"])
         docs.append(strict_loads(result.stdout))
