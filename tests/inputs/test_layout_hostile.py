@@ -979,6 +979,10 @@ CLI_CASES = {
     "audit-float8-nan": lambda t: ["audit", _case(t, "ct_nvfp4", scales_valued(
         float("nan"))), "--json"],
     "audit-5d": lambda t: ["audit", _case(t, "deepseek", all_5d), "--json"],
+    "audit-global-subnormal": lambda t: ["audit", _case(t, "ct_nvfp4", lambda x, r: _with(
+        x, r["global"], GLOBALS["subnormal"])), "--json"],
+    "audit-global-huge": lambda t: ["audit", _case(t, "modelopt", lambda x, r: _with(
+        x, r["global"], GLOBALS["huge"])), "--json"],
     "audit-kv-negative": lambda t: ["audit", _case(t, "kv", all_scales(-0.5)), "--json"],
     "audit-shape-lie": lambda t: ["audit", write_case(t / "in", {
         **ct_pack()[0], f"{M}.weight_shape": np.array([1 << 62, 64])}, None, {}), "--json"],
