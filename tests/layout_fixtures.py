@@ -293,6 +293,7 @@ CT_SCHEMES = {  # scheme -> (config format, weights args of its config group)
     "int8": ("pack-quantized", {"num_bits": 8, "type": "int", "strategy": "group",
                                 "group_size": 128}),
     "int8-channel": ("pack-quantized", {"num_bits": 8, "type": "int", "strategy": "channel"}),
+    "int8-naive": ("int-quantized", {"num_bits": 8, "type": "int", "strategy": "channel"}),
 }
 
 
@@ -348,11 +349,13 @@ def ct_tensors(stem: str, w: np.ndarray, scheme: str) -> dict:
         return {stem + ".weight_packed": pack(codes), stem + ".weight_scale": scale,
                 stem + ".weight_global_scale": np.array([glob], np.float32)}
     bits = 4 if scheme == "int4" else 8
-    group = i if scheme == "int8-channel" else 128
+    group = i if scheme in ("int8-channel", "int8-naive") else 128
     qmax = (1 << (bits - 1)) - 1
     amax = np.abs(w).reshape(o, -1, group).max(-1)
     scale = (amax / (qmax + 0.5)).astype(np.float32)  # amax / ((q_max - q_min) / 2)
     q = np.clip(np.round(w / np.repeat(scale, group, axis=1)), -qmax - 1, qmax)  # float32
+    if scheme == "int8-naive":  # naive-quantized: the int8 codes as they are
+        return {stem + ".weight": q.astype(np.int8), stem + ".weight_scale": scale}
     return {stem + ".weight_packed": _pack_int32(q, bits), stem + ".weight_scale": scale,
             stem + ".weight_shape": np.array([o, i], np.int64)}
 
@@ -381,7 +384,7 @@ def swap_nibbles(packed: np.ndarray) -> np.ndarray:
 #: the battery's compressed-tensors scheme -> the library's preset that writes it
 CT_PRESETS = {"fp8-tensor": "FP8", "fp8-channel": "FP8_DYNAMIC", "fp8-block": "FP8_BLOCK",
               "mxfp8": "MXFP8A16", "mxfp4": "MXFP4A16", "nvfp4": "NVFP4A16",
-              "int4": "W4A16", "int8": "W8A16"}
+              "int4": "W4A16", "int8": "W8A16", "int8-naive": "W8A8"}
 
 
 def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None = None,

@@ -43,7 +43,7 @@ WIDTHS = (80, 120)
 CT = {"ct-fp8-tensor": "fp8-tensor", "ct-fp8-channel": "fp8-channel",
       "ct-fp8-block": "fp8-block", "ct-mxfp8": "mxfp8", "ct-mxfp4": "mxfp4",
       "ct-nvfp4": "nvfp4", "ct-int4": "int4", "ct-int8": "int8",
-      "ct-int8-channel": "int8-channel"}
+      "ct-int8-channel": "int8-channel", "ct-int8-naive": "int8-naive"}
 #: the battery's layout name -> the reader that must claim its weight
 LAYOUTS = {"deepseek-fp8": "deepseek-fp8", "deepseek-ue8m0": "deepseek-fp8",
            "ct-fp8-tensor": "compressed-tensors-fp8", "ct-fp8-channel": "compressed-tensors-fp8",
@@ -51,6 +51,7 @@ LAYOUTS = {"deepseek-fp8": "deepseek-fp8", "deepseek-ue8m0": "deepseek-fp8",
            "ct-mxfp4": "compressed-tensors-mx", "ct-nvfp4": "compressed-tensors-nvfp4",
            "ct-int4": "compressed-tensors-pack", "ct-int8": "compressed-tensors-pack",
            "ct-int8-channel": "compressed-tensors-pack",
+           "ct-int8-naive": "compressed-tensors-fp8",  # int-quantized: the same compressor
            "modelopt-nvfp4": "modelopt-nvfp4", "gptoss-mxfp4": "gptoss-mxfp4",
            "kv-scales": "kv-scales", "fmt-out-fp8": "fmt-out", "fmt-out-nvfp4": "fmt-out",
            "fmt-out-mxfp4": "fmt-out"}
@@ -66,6 +67,7 @@ FALSE_ALARMS = {
     ("ct-int8-channel", "uniform"): "clipping warns on 16.8% of rows: ~4 codes expected at "
                                     "127 and 4 at 126 per 512-value row, 'twice the next' "
                                     "is chance",
+    ("ct-int8-naive", "uniform"): "clipping warns (W8A8: INT8 per channel, as ct-int8-channel)",
 }
 
 
@@ -414,7 +416,10 @@ def _dequantized(folder: Path) -> np.ndarray:
     return source.quantized.dequantize()
 
 
-LIBRARY_ALARMS = {("mxfp4", "uniform"): FALSE_ALARMS["ct-mxfp4", "uniform"]}
+#: (scheme, weights, model dtype) -> the false alarm audit raises on the library's file
+LIBRARY_ALARMS = {("mxfp4", "uniform", "float32"): FALSE_ALARMS["ct-mxfp4", "uniform"],
+                  ("mxfp4", "uniform", "bfloat16"): FALSE_ALARMS["ct-mxfp4", "uniform"],
+                  ("int8-naive", "uniform", "float32"): FALSE_ALARMS["ct-int8-naive", "uniform"]}
 
 
 @pytest.mark.slow
@@ -439,7 +444,7 @@ def test_the_library_s_own_exports(tmp_path, scheme, kind, dtype):
     doc = compare_json(tmp_path / "orig.safetensors", folder)
     assert doc["flagged"] == 0, [t["reasons"] for t in doc["tensors"]]
     code, doc = audit_json(folder)
-    if (scheme, kind) in LIBRARY_ALARMS:
+    if (scheme, kind, dtype) in LIBRARY_ALARMS:
         assert flags(doc), "fixed? drop the alarm from LIBRARY_ALARMS and FALSE_ALARMS"
         return
     assert flags(doc) == [] and code == 0, flags(doc)
@@ -531,3 +536,29 @@ def test_fmt_kv_out_scales_pass(kv_file, width):
     done = invoke("audit", kv_file, env={"COLUMNS": str(width)})
     assert done.exit_code == 0
     assert_fits(done.stdout, width)
+
+
+@pytest.mark.slow
+def test_int_quantized_equals_the_library_s_decompression(tmp_path):
+    """compressed-tensors' W8A8 (int-quantized: int8 weight x float32 weight_scale per row),
+    read by ct_fp8: fmt's values equal the library's own decompression bit for bit (its
+    float32 product of an int8 and a float32 scale is rounded once, as fmt's is)."""
+    pytest.importorskip("compressed_tensors")
+    import torch
+    from safetensors.torch import load_file
+
+    try:
+        from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import (
+            CompressedTensorsDequantizer,
+        )
+    except ImportError as missing:
+        pytest.skip(f"this compressed-tensors has no checkpoint dequantizer: {missing}")
+    w, norm = weights("llm")
+    folder = lf.ct_library(tmp_path / "lib", STEM, w, "int8-naive", extra={NORM: norm})
+    if folder is None:
+        pytest.skip("this compressed-tensors lacks the 0.20 API the writer drives")
+    dequantizer = CompressedTensorsDequantizer(str(folder), dtype=torch.float32)
+    theirs = dequantizer.process(load_file(folder / "model.safetensors"))[KEY].numpy()
+    mine = _dequantized(folder)
+    assert mine.dtype == np.float32 and np.array_equal(mine.view(np.uint32),
+                                                       theirs.view(np.uint32))

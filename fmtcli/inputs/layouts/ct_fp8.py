@@ -29,7 +29,13 @@ Definition (compressed-tensors 0.20.1, read in its source):
   ``format`` per group) and ``config_groups`` whose ``weights`` give ``strategy``,
   ``group_size``, ``block_structure``.
 
-Detected from the tensors alone (``weight`` float8_e4m3fn beside a float ``weight_scale``
+The same compressor writes 8-bit *integer* weights (``int-quantized``: the ``W8A8``
+preset, ``quantization/quant_scheme.py``, int8 per channel, symmetric): ``weight`` int8,
+``weight_scale`` as above, ``x = (q - zero_point) * weight_scale`` with ``weight_scale =
+amax / 127.5`` (``calculate_qparams``: ``(q_max - q_min) / 2``); claimed here too, its
+element ``int8`` (exact: fmt forms the product in float64 and rounds once).
+
+Detected from the tensors alone (``weight`` float8_e4m3fn or int8 beside a float ``weight_scale``
 of a shape one of the strategies gives); the config picks the strategy where two shapes
 coincide and is recorded (``facts["config_scheme"]``).  A ``weight_scale`` of no
 strategy's shape is claimed with a problem, so that ``read`` refuses it in one line.
@@ -48,19 +54,21 @@ from fmtcli.inputs.layouts.lookup import byte_float_values, per_block, tile_rows
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "compressed-tensors-fp8"
-DESCRIPTION = ("float8_e4m3fn weight x weight_scale (per tensor, channel, group or block), "
-               "compressed-tensors float-/naive-quantized")
+DESCRIPTION = ("float8_e4m3fn (or int8) weight x weight_scale (per tensor, channel, group "
+               "or block), compressed-tensors float-/naive-/int-quantized")
 REFERENCE = ("compressed-tensors 0.20.1: compressors/naive_quantized/base.py; "
              "quantization/lifecycle/forward_helpers.py _dequantize; "
              "quantization/lifecycle/initialize.py initialize_qparams")
 
-FORMATS = ("float-quantized", "naive-quantized")
-ELEMENTS = ("float8_e4m3fn",)
+FORMATS = ("float-quantized", "naive-quantized", "int-quantized")
+ELEMENTS = ("float8_e4m3fn", "int8")
 SCALE_DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEFAULT_BLOCK = (128, 128)
 DIRECTION = "dequantization (x = code * scale)"
 RULE = ("weight_scale = amax / 448 per tensor, row, group or block, stored in the weight's "
         "dtype (compressed-tensors calculate_qparams, symmetric)")
+INT_RULE = ("weight_scale = amax / 127.5 symmetric, (max - min) / 255 with a zero point "
+            "asymmetric, stored in the weight's dtype (compressed-tensors calculate_qparams)")
 
 
 # -- config.json (shared with ct_mx) -------------------------------------------------------
@@ -250,11 +258,13 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales) -> Quantized:
     bits = {"float32": 32, "float64": 64}.get(scales.dtype, 16)
     per = tile[0] * tile[1] if strategy != "tensor" else 0  # a row's scale: 1 x I
     facts = {"scale_direction": DIRECTION, "config_scheme": fmt, "strategy": strategy,
-             "nominal_bits": 8.0 + (bits / per if per else 0.0), "scale_rule": RULE,
+             "nominal_bits": 8.0 + (bits / per if per else 0.0),
+             "scale_rule": INT_RULE if codes.dtype == "int8" else RULE,
+             "symmetric": "zero_point" not in parts,
              "quant_method": (checkpoint.config or {}).get("quant_method"),
              "tile": list(tile), "zero_point": "zero_point" in parts}
     rows, elements, grid = _readers(parts, shape, strategy, tile)
-    return Quantized(NAME, codes.key, codes.source, shape, "float8_e4m3fn", scales.dtype,
+    return Quantized(NAME, codes.key, codes.source, shape, codes.dtype, scales.dtype,
                      group, parts, rows, facts, elements, grid, problems)
 
 
