@@ -285,9 +285,8 @@ def _readers(parts: dict, shape: tuple[int, ...], strategy: str, tile: tuple[int
         return cache
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
-        if "codes" not in cache:  # the memory map, opened once
-            cache["codes"] = parts["codes"].stored().reshape(matrix_shape(shape))
-        return byte_float_values(cache["codes"][r0:r1])
+        # the memory map opened per chunk: a map kept open keeps every page read in the RSS
+        return byte_float_values(parts["codes"].stored().reshape(matrix_shape(shape))[r0:r1])
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         values, rows = elements_reader(r0, r1), np.arange(r0, r1)

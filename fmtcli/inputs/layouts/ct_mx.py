@@ -155,9 +155,8 @@ def _readers(codes, scales, shape: tuple[int, ...], element: str):
         return cache["grid"]
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
-        if "codes" not in cache:  # the memory map, opened once
-            cache["codes"] = codes.stored()
-        stored = cache["codes"]
+        # the memory map opened per chunk: a map kept open keeps every page read in the RSS
+        stored = codes.stored()
         if element == "float4_e2m1fn":
             packed = stored.reshape(rows_total, cols // 2)[r0:r1]
             return unpack_fp4(packed, low_first=True)

@@ -196,14 +196,15 @@ def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) 
 
     def arrays() -> dict:
         if not cache:
-            cache["packed"] = parts["codes"].stored().reshape(-1, width // 2)
             cache["scales"] = as_values(parts["scales"].stored()).reshape(-1, n_groups)
             if "zero_point" in parts:
                 cache["zero"] = as_values(parts["zero_point"].stored()).reshape(-1, n_groups)
         return cache
 
     def codes(a: int, b: int) -> np.ndarray:
-        return unpack_fp4(np.asarray(arrays()["packed"][a:b]), low_first=True)
+        # mapped again per chunk: a map kept open keeps every page it read in the RSS
+        packed = parts["codes"].stored().reshape(-1, width // 2)
+        return unpack_fp4(np.asarray(packed[a:b]), low_first=True)
 
     def dequantized(a: int, b: int) -> np.ndarray:
         values = codes(a, b).astype(np.float64)

@@ -102,13 +102,13 @@ def _quantized(codes, scales, tile, config) -> Quantized:
     def load() -> dict:
         if not cache:
             cache["grid"] = scale_values(scales.stored(), scales.dtype)
-            cache["codes"] = np.asarray(codes.stored()).reshape(-1, cols)
         return cache
 
     def lines(a: int, b: int, scaled: bool = True) -> np.ndarray:
         """Rows ``a:b`` of the last axis (the blocks' rows), as values or codes (float32
         products, as ``block_scales`` would give: the scale broadcast per tile)."""
-        values = byte_float_values(load()["codes"][a:b])
+        # the codes mapped again per chunk: a map kept open keeps every page it read in the RSS
+        values = byte_float_values(np.asarray(codes.stored()).reshape(-1, cols)[a:b])
         if scaled:
             picked = tile_rows(load()["grid"], np.arange(a, b), height, tile[0])
             per_block(values, picked, tile[1])

@@ -89,9 +89,12 @@ def _quantized(base: str, codes, scales, facts) -> Quantized:
 
     def load() -> dict:
         if not cache:
-            cache["packed"] = codes.stored().reshape(-1, max(1, width // 2))
             cache["bytes"] = np.asarray(scales.stored()).view(np.uint8)
         return cache
+
+    def packed() -> np.ndarray:
+        # mapped again per chunk: a map kept open keeps every page it read in the RSS
+        return codes.stored().reshape(-1, max(1, width // 2))
 
     def scales_reader() -> np.ndarray:
         return e8m0_values(load()["bytes"])
@@ -99,13 +102,13 @@ def _quantized(base: str, codes, scales, facts) -> Quantized:
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         a, b = row_span(r0, r1, cols, width)
         grid = load()["bytes"].reshape(-1, groups)
-        block = dequantized_rows(load()["packed"][a:b], e8m0_values(grid[a:b]), 0, b - a,
+        block = dequantized_rows(packed()[a:b], e8m0_values(grid[a:b]), 0, b - a,
                                  BLOCK, exact32=True)
         return block.reshape(r1 - r0, cols)
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
         a, b = row_span(r0, r1, cols, width)
-        return fp4_values(load()["packed"], a, b).reshape(r1 - r0, cols)
+        return fp4_values(packed(), a, b).reshape(r1 - r0, cols)
 
     return Quantized(NAME, base, codes.source, shape, "float4_e2m1fn", "e8m0",
                      ScaleGroup("block", BLOCK), {"codes": codes, "scales": scales},

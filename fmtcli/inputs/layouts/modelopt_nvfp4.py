@@ -146,7 +146,6 @@ def _nvfp4(checkpoint, key, codes, scales, facts) -> Quantized:
 
     def load() -> dict:
         if not cache:
-            cache["packed"] = codes.stored().reshape(-1, codes.shape[-1])
             cache["scales"] = values_of(scales).reshape(-1, scales.shape[-1])
             cache["global"] = (np.ones(1) if second is None else
                                values_of(second).astype(np.float64).reshape(-1))
@@ -158,12 +157,15 @@ def _nvfp4(checkpoint, key, codes, scales, facts) -> Quantized:
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         a, b = row_span(r0, r1, cols, width)
-        block = dequantized_rows(load()["packed"], load()["scales"], a, b, size, factor(a, b))
+        # the packed bytes mapped again per chunk: a map kept open keeps its pages in the RSS
+        packed = codes.stored().reshape(-1, codes.shape[-1])
+        block = dequantized_rows(packed, load()["scales"], a, b, size, factor(a, b))
         return block.reshape(r1 - r0, cols)
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
         a, b = row_span(r0, r1, cols, width)
-        return fp4_values(load()["packed"], a, b).reshape(r1 - r0, cols)
+        return fp4_values(codes.stored().reshape(-1, codes.shape[-1]), a, b).reshape(
+            r1 - r0, cols)
 
     def scales_reader() -> np.ndarray:
         return values_of(scales).astype(np.float32)
