@@ -192,14 +192,13 @@ def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) 
     from fmtcli.inputs.storage import as_values
 
     width, n_groups = shape[-1], -(-shape[-1] // group)
-    cache: dict = {}
 
     def arrays() -> dict:
-        if not cache:
-            cache["scales"] = as_values(parts["scales"].stored()).reshape(-1, n_groups)
-            if "zero_point" in parts:
-                cache["zero"] = as_values(parts["zero_point"].stored()).reshape(-1, n_groups)
-        return cache
+        """The scale (and zero-point) grids' maps, opened per chunk (not kept: see codes)."""
+        found = {"scales": as_values(parts["scales"].stored()).reshape(-1, n_groups)}
+        if "zero_point" in parts:
+            found["zero"] = as_values(parts["zero_point"].stored()).reshape(-1, n_groups)
+        return found
 
     def codes(a: int, b: int) -> np.ndarray:
         # mapped again per chunk: a map kept open keeps every page it read in the RSS
@@ -208,9 +207,10 @@ def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) 
 
     def dequantized(a: int, b: int) -> np.ndarray:
         values = codes(a, b).astype(np.float64)
-        scale = np.asarray(arrays()["scales"][a:b]).astype(np.float64)
-        if "zero" in cache:
-            zero = np.asarray(cache["zero"][a:b]).astype(np.float64)
+        grids = arrays()
+        scale = np.asarray(grids["scales"][a:b]).astype(np.float64)
+        if "zero" in grids:
+            zero = np.asarray(grids["zero"][a:b]).astype(np.float64)
             per_block(values, zero, group, np.subtract)
         per_block(values, scale, group)
         if glob.size == 1:
