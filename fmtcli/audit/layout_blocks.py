@@ -19,6 +19,11 @@ import numpy as np
 #: The largest magnitude of each element format the checks know (OCP MX v1.0; IEEE-like
 #: float8 from their definitions).
 ELEMENT_MAX = {"float4_e2m1fn": 6.0, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+#: element -> (the code next below the max, the lower edge of the max's rounding interval,
+#: the width of the next code's interval, a code near half the max, its interval's width):
+#: what ``mx-scale-rule``'s pile-up and flatness figures count
+PILE_CODES = {"float4_e2m1fn": (4.0, 5.0, 1.5, 2.0, 0.75),
+              "float8_e4m3fn": (416.0, 432.0, 32.0, 208.0, 16.0)}
 
 BUDGET = 1 << 21  # elements read per check at most (whole blocks)
 
@@ -34,6 +39,8 @@ class Blocks:
     size: np.ndarray
     scale: np.ndarray
     sampled: bool
+    at_next: int = 0   # elements at the code next below the max (PILE_CODES), all blocks
+    at_low: int = 0    # elements at the code near half the max (PILE_CODES), all blocks
 
 
 def _height(q) -> int:
@@ -82,7 +89,7 @@ def _row_blocks(q, length: int, budget: int) -> Blocks | None:
         sizes = np.full(n_blocks, length)
         sizes[-1] = cols - (n_blocks - 1) * length
         parts.append((blocks.max(axis=2).ravel(), (blocks >= emax).sum(axis=2).ravel(),
-                      np.tile(sizes, r1 - r0), grid[r0:r1].ravel()))
+                      np.tile(sizes, r1 - r0), grid[r0:r1].ravel(), _pile(q, codes)))
     return _joined(parts, len(picked) < len(starts))
 
 
@@ -110,16 +117,27 @@ def _tile_blocks(q, tile: tuple[int, int], budget: int) -> Blocks | None:
         widths = np.full(n_cols, tile[1])
         widths[-1] = cols - (n_cols - 1) * tile[1]
         parts.append((blocks.max(axis=(0, 2)), (blocks >= emax).sum(axis=(0, 2)),
-                      widths * (r1 - r0), grid[strip]))
+                      widths * (r1 - r0), grid[strip], _pile(q, codes)))
     return _joined(parts, len(picked) < strips)
+
+
+def _pile(q, codes: np.ndarray) -> tuple[int, int]:
+    """How many of ``codes`` (magnitudes) sit at the next code below the max and at the
+    code near half the max (PILE_CODES; (0, 0) for other elements)."""
+    if q.element not in PILE_CODES:
+        return 0, 0
+    following, _, _, low, _ = PILE_CODES[q.element]
+    return int(np.count_nonzero(codes == following)), int(np.count_nonzero(codes == low))
 
 
 def _joined(parts, sampled: bool) -> Blocks:
     if not parts:
         empty = np.zeros(0)
         return Blocks(empty, empty, empty, empty, sampled)
-    top, at_max, size, scale = (np.concatenate(column) for column in zip(*parts))
-    return Blocks(top, at_max, size, scale, sampled)
+    top, at_max, size, scale = (np.concatenate(column) for column in list(zip(*parts))[:4])
+    at_next = sum(part[4][0] for part in parts)
+    at_low = sum(part[4][1] for part in parts)
+    return Blocks(top, at_max, size, scale, sampled, at_next, at_low)
 
 
 def sample_rows(q, budget: int = BUDGET) -> np.ndarray:

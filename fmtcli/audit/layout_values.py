@@ -74,6 +74,7 @@ import numpy as np
 from fmtcli.audit.check import Check, Verdict
 from fmtcli.audit.layout_blocks import (
     ELEMENT_MAX,
+    PILE_CODES,
     block_figures,
     log2_octave,
     power_of_two_share,
@@ -118,6 +119,18 @@ RULE_SOURCES = {
     "mx-even": "fmt mx-even (numerics/scaling.py)",
     "mx-ceil": "fmt mx-ceil: ceil(log2 amax) - emax (numerics/scaling.py)",
 }
+#: rule -> element -> the top of the rule's ``amax / 2^e`` range (the bound of the pile-up
+#: figure: with a non-increasing density the codes at the max, the block's own amax left
+#: out, are at most ``(top - edge) / width`` times those at the next code, PILE_CODES)
+RULE_TOP = {"compressed-tensors": {"float4_e2m1fn": 7.0, "float8_e4m3fn": 448.0},
+            "ocp": {"float4_e2m1fn": 8.0, "float8_e4m3fn": 512.0},
+            "round-up": {"float4_e2m1fn": 6.0, "float8_e4m3fn": 448.0},
+            "mx-even": {"float4_e2m1fn": 7.0, "float8_e4m3fn": 496.0},
+            "mx-ceil": {"float4_e2m1fn": 4.0, "float8_e4m3fn": 256.0},
+            "unpublished": {"float4_e2m1fn": 8.0, "float8_e4m3fn": 512.0}}
+PILE_FAIL = 1.15     # pile-up figure over its healthy bound by this factor (and 4 sigma)
+PILE_SIGMA = 4.0
+FLAT = 0.85          # next code's density / the half-max code's: a flat (uniform) top
 FMT_RULES = {"mx-floor": "ocp", "mx-even": "mx-even", "mx-ceil": "mx-ceil",
              "mx-rceil": "round-up"}
 
@@ -243,7 +256,8 @@ def mx_scale_rule(q, scan) -> Check | None:
     at_max_limit = expected + (1.0 - expected) / 2
     not_pow2 = power_of_two_share(blocks.scale)
     saturated = float(blocks.at_max[live].mean()) if n else 0.0
-    figures = {"rule": rule, "rule_source": RULE_SOURCES[rule], "blocks": n,
+    figures = {**_pile_figures(blocks, q.element, RULE_TOP[rule][q.element], emax),
+               "rule": rule, "rule_source": RULE_SOURCES[rule], "blocks": n,
                "sampled": blocks.sampled, "minimum_top_code": minimum,
                "share_below_rule": below, "share_at_max": at_max,
                "expected_at_max": expected, "at_max_threshold": at_max_limit,
@@ -253,10 +267,38 @@ def mx_scale_rule(q, scan) -> Check | None:
     return Check("mx-scale-rule", verdict, evidence, figures)
 
 
+def _pile_figures(blocks, element: str, top: float, emax: float) -> dict:
+    """The pile-up figure (codes at the max beyond each block's own amax, per code at the
+    next one down) against its healthy bound, and the flatness of the top codes."""
+    if element not in PILE_CODES:
+        return {"pile_up": None, "pile_bound": None, "pile_significant": False,
+                "flatness": None}
+    _, edge, width, _, low_width = PILE_CODES[element]
+    extra = float(blocks.at_max.sum() - np.count_nonzero(blocks.top >= emax))
+    nexts = float(blocks.at_next)
+    bound = max(0.0, top - edge) / width
+    ratio = extra / nexts if nexts else (float("inf") if extra else 0.0)
+    spread = PILE_SIGMA * np.sqrt(extra + bound * bound * nexts)
+    significant = bool(extra > PILE_FAIL * bound * nexts + spread)
+    flat = (nexts / width) / (blocks.at_low / low_width) if blocks.at_low else None
+    return {"pile_up": ratio, "pile_bound": bound, "pile_significant": significant,
+            "flatness": flat}
+
+
 def _rule_verdict(f: dict, emax: float) -> tuple[Verdict, str]:
     if f["share_not_power_of_two"] > 0:
         return Verdict.FAIL, (f"{f['share_not_power_of_two']:.1%} of the scales are not "
                               "powers of two where the layout promises E8M0/UE8M0")
+    if f["pile_significant"]:
+        return Verdict.FAIL, (f"codes pile up at {emax:g}: {f['pile_up']:.2f} per code at "
+                              f"the next one down, over the {f['pile_bound']:.2f} the "
+                              f"{f['rule']} rule allows: scales smaller than the codes were "
+                              "quantized with")
+    flat = f["flatness"] is not None and f["flatness"] >= FLAT
+    if f["share_at_max"] > f["at_max_threshold"] and flat:
+        return Verdict.OK, (f"{f['share_at_max']:.0%} of blocks reach {emax:g}: blocks of "
+                            f"nearly one amax (a flat top, flatness {f['flatness']:.2f}), "
+                            f"no pile-up ({f['pile_up']:.2f} <= {f['pile_bound']:.2f})")
     if f["share_at_max"] > f["at_max_threshold"]:
         text = (f"{f['share_at_max']:.1%} of blocks reach the top code {emax:g} (rule "
                 f"{f['rule']}: ~{f['expected_at_max']:.0%} for spread amaxes)")
