@@ -85,12 +85,8 @@ def _quantized(base: str, codes, scales, facts) -> Quantized:
     shape = stored[:-2] + (groups * 2 * (stored[-1] if stored else 0),)
     width = shape[-1]
     cols = matrix_shape(shape)[1]
-    cache: dict = {}
-
-    def load() -> dict:
-        if not cache:
-            cache["bytes"] = np.asarray(scales.stored()).view(np.uint8)
-        return cache
+    def load() -> dict:  # the scales' map, opened per call (not kept: see packed)
+        return {"bytes": np.asarray(scales.stored()).view(np.uint8)}
 
     def packed() -> np.ndarray:
         # mapped again per chunk: a map kept open keeps every page it read in the RSS
