@@ -42,6 +42,7 @@ from fmtcli.inputs.checkpoints import config_folder
 from fmtcli.inputs.layouts.base import Checkpoint, Quantized, json_object, values_of
 from fmtcli.inputs.layouts.fp4_blocks import dequantized_rows, fp4_values, row_span
 from fmtcli.inputs.layouts.lookup import byte_float_values
+from fmtcli.inputs.storage import as_values
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "modelopt-nvfp4"
@@ -146,7 +147,6 @@ def _nvfp4(checkpoint, key, codes, scales, facts) -> Quantized:
 
     def load() -> dict:
         if not cache:
-            cache["scales"] = values_of(scales).reshape(-1, scales.shape[-1])
             cache["global"] = (np.ones(1) if second is None else
                                values_of(second).astype(np.float64).reshape(-1))
         return cache
@@ -159,7 +159,8 @@ def _nvfp4(checkpoint, key, codes, scales, facts) -> Quantized:
         a, b = row_span(r0, r1, cols, width)
         # the packed bytes mapped again per chunk: a map kept open keeps its pages in the RSS
         packed = codes.stored().reshape(-1, codes.shape[-1])
-        block = dequantized_rows(packed, load()["scales"], a, b, size, factor(a, b))
+        grid = as_values(scales.stored()).reshape(-1, scales.shape[-1])  # its map, exact
+        block = dequantized_rows(packed, grid, a, b, size, factor(a, b))
         return block.reshape(r1 - r0, cols)
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
