@@ -144,15 +144,15 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales, element: str)
 def _readers(codes, scales, shape: tuple[int, ...], element: str):
     """(rows_reader, elements_reader, scales_reader): codes streamed by rows of the
     matrix view from their memory map (packed bytes unpacked low nibble first), the E8M0
-    grid decoded once."""
+    grid's rows a chunk needs decoded from its map per chunk (nothing kept for the
+    tensor's life: a kept grid or map grows an audit's memory with the checkpoint)."""
     rows_total, cols = matrix_shape(shape)
-    cache: dict = {}
+
+    def grid_bytes() -> np.ndarray:
+        return np.asarray(scales.stored()).view(np.uint8)
 
     def grid() -> np.ndarray:
-        if "grid" not in cache:
-            raw = np.asarray(scales.stored())
-            cache["grid"] = e8m0_values(raw.view(np.uint8)).reshape(scales.shape)
-        return cache["grid"]
+        return e8m0_values(grid_bytes()).reshape(scales.shape)
 
     def elements_reader(r0: int, r1: int) -> np.ndarray:
         # the memory map opened per chunk: a map kept open keeps every page read in the RSS
@@ -164,7 +164,7 @@ def _readers(codes, scales, shape: tuple[int, ...], element: str):
 
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         values = elements_reader(r0, r1)
-        per = grid().reshape(rows_total, -1)[r0:r1]
+        per = e8m0_values(grid_bytes().reshape(rows_total, -1)[r0:r1])
         return per_block(values, per, GROUP)
 
     return rows_reader, elements_reader, grid
