@@ -44,10 +44,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fmtcli.audit.check import Check, Verdict
-from fmtcli.audit.stats import CodeStats, ValueStats
+from fmtcli.audit.stats import PILE_UP, CodeStats, ValueStats, clip_count, element_top
 from fmtcli.base.errors import FmtError
 
 CLIP_WARN, CLIP_FAIL = 0.15, 0.30
+#: the clipping share must also be beyond chance: its binomial tail under the healthy
+#: per-group clip probability (chance_share) below this
+CLIP_ALPHA = 1e-4
 #: with two groups or more, fewer flagged groups than this are chance (a 64-value bias)
 MIN_FLAGGED = 2
 LOWEST_WARN, LOWEST_FAIL = 0.10, 0.50
@@ -224,10 +227,67 @@ def _share_check(name: str, part: int, whole: int, warn: float, fail: float | No
                  f"(> {_pct(limit)})", figures)
 
 
+def _log_binom(n: int, k: np.ndarray, p: float) -> np.ndarray:
+    """log P(Binomial(n, p) = k), elementwise over ``k``."""
+    lg = np.vectorize(math.lgamma)
+    return (lg(n + 1.0) - lg(k + 1.0) - lg(n - k + 1.0) + k * math.log(p)
+            + (n - k) * math.log1p(-p))
+
+
+def chance_share(element: str, n: int) -> float:
+    """The probability that a healthy group of ``n`` elements under an amax scale meets
+    ``stats``' clip rule by chance (its amax at the top code; the other ``n - 1`` spread
+    evenly up to it, the worst case of a non-increasing density: torch's uniform init):
+    at least ``clip_count(n)`` at the top and more than ``PILE_UP`` times the next code's.
+    The top code's interval is half a step wide for floats (scale amax / max), a whole
+    step for integers (compressed-tensors' symmetric scale is amax / ((max - min) / 2),
+    127.5 for INT8: the amax rounds to the top from half a step above it); the next
+    code's interval the mean of its two steps."""
+    tops = element_top(element)
+    if tops is None or n < 2:
+        return 0.0
+    top, below = tops
+    under = 3.0 if element == "float4_e2m1fn" else 2 * below - top
+    p_top = (top - below) / (1 if element.startswith(("int", "uint")) else 2) / top
+    p_below = ((top - below) + (below - under)) / 2 / top
+    rest = n - 1
+    least = clip_count(n) - 1  # extras beyond the amax
+    extras = np.arange(least, min(rest, least + 60 + 12 * int(math.sqrt(rest * p_top))) + 1)
+    if not extras.size:
+        return 0.0
+    total = 0.0
+    cond = p_below / (1 - p_top)
+    for e, log_e in zip(extras, _log_binom(rest, extras, p_top)):
+        limit = math.ceil((1 + e) / PILE_UP) - 1  # at_below < (1 + e) / PILE_UP
+        b = np.arange(0, min(limit, rest - e) + 1)
+        if b.size:
+            total += float(np.exp(log_e + _log_binom(rest - int(e), b, cond)).sum())
+    return min(1.0, total)
+
+
+def _beyond_chance(part: int, whole: int, chance: float) -> bool:
+    """Whether ``part`` of ``whole`` groups is beyond a Binomial(whole, chance) at
+    CLIP_ALPHA (upper tail)."""
+    if chance <= 0:
+        return part > 0
+    if chance >= 1 or part == 0:
+        return False
+    k = np.arange(part, whole + 1)
+    return float(np.exp(_log_binom(whole, k, chance)).sum()) < CLIP_ALPHA
+
+
 def clipping(q, scan, m) -> Check | None:
     c = m.codes if m is not None else None
     if c is None or not c.nonzero_groups or is_mx(q):  # MX: the exporter's rule decides
         return None
+    chance = chance_share(q.element, round(c.elements / max(1, c.groups)))
+    if c.nonzero_groups >= 2 and not _beyond_chance(c.clipping, c.nonzero_groups, chance):
+        share = c.clipping / c.nonzero_groups
+        return Check("clipping", Verdict.OK, f"{_pct(share)} of groups clip at the top "
+                     f"code, within chance ({_pct(chance)} per group for evenly spread "
+                     "values)", {"groups": c.clipping, "at_max": c.at_max, "share": share,
+                                 "chance_per_group": chance, "warn_above": CLIP_WARN,
+                                 "fail_above": CLIP_FAIL})
     return _share_check(
         "clipping", c.clipping, c.nonzero_groups, CLIP_WARN, CLIP_FAIL,
         f"pile codes at the top ({c.top:g}): scales too small?",

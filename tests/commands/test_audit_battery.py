@@ -59,10 +59,6 @@ WEIGHTS = ("llm", "uniform")
 
 #: healthy cases fmt audit flags although nothing is wrong (audit bugs, reported to the lead)
 FALSE_ALARMS = {
-    ("ct-int8-channel", "uniform"): "clipping warns on 16.8% of rows: ~4 codes expected at "
-                                    "127 and 4 at 126 per 512-value row, 'twice the next' "
-                                    "is chance",
-    ("ct-int8-naive", "uniform"): "clipping warns (W8A8: INT8 per channel, as ct-int8-channel)",
 }
 
 
@@ -412,7 +408,7 @@ def _dequantized(folder: Path) -> np.ndarray:
 
 
 #: (scheme, weights, model dtype) -> the false alarm audit raises on the library's file
-LIBRARY_ALARMS = {("int8-naive", "uniform", "float32"): FALSE_ALARMS["ct-int8-naive", "uniform"]}
+LIBRARY_ALARMS: dict = {}
 
 
 @pytest.mark.slow
