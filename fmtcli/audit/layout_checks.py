@@ -27,7 +27,8 @@ generic checks.  Thresholds and their reasons: docs/audit_layout_checks.md.
 - ``kv-scales`` (layout ``kv-scales``): vLLM's ``k_scale`` / ``v_scale`` (``q_scale``)
   dequantize (``x = code * k_scale``, vLLM ``attention/layer.py``, ``fmt kv --out``):
   positive, finite, one per tensor or per KV head; outside ``KV_RANGE`` is suspicious
-  (an amax / 448 scale of 1e3 means activations of 4.5e5; 1e-6 means 4.5e-4).
+  (an amax / 448 scale of 1e3 means activations of 4.5e5; 1e-6 means 4.5e-4), and a
+  scale covering activations above ``KV_AMAX`` (scale x fp8_max > 1e4) warns: inverted?
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ PLAUSIBLE_AMAX = (1e-6, 1e3)     # a quantized weight's amax, either reading
 HALF_SIZE = 0.55                 # largest block scale / 448 below this everywhere: ...
 HALF_BAND = (0.45, 0.55)         # ... fail inside this band (half-size), warn under it
 KV_RANGE = (1e-6, 1e3)
+#: the largest K/V activation a scale may cover (scale x fp8_max) before it is implausible:
+#: fp16's max is 65504 and trained models' K/V amaxes stay in the hundreds; a scale
+#: inverted into fmt's direction (fp8_max / amax) covers fp8_max^2 / amax, above this
+#: for every amax under ~20 (448^2 / 1e4)
+KV_AMAX = 1e4
 EXPERT = re.compile(r"^(.*\bexperts\.)(\d+)(\..*)$")
 _CACHE: dict = {}
 
@@ -308,6 +314,13 @@ def kv_scales(q, scan) -> Check | None:
         return Check("kv-scales", Verdict.WARN, f"KV scales {flat.min():.3g}..{flat.max():.3g}"
                      f" outside {KV_RANGE[0]:g}..{KV_RANGE[1]:g}: inverted or "
                      "uncalibrated?", figures)
+    fp8_max = float(q.facts.get("fp8_max") or 448.0)
+    covered = float(flat.max()) * fp8_max
+    figures = {**figures, "implied_amax": covered, "implied_amax_limit": KV_AMAX}
+    if covered > KV_AMAX:
+        return Check("kv-scales", Verdict.WARN, f"KV scale {flat.max():.3g} covers "
+                     f"activations up to {covered:.3g} (x {fp8_max:g}), above {KV_AMAX:g}:"
+                     f" inverted (fmt's {fp8_max:g} / amax)?", figures)
     note = " (all 1.0: vLLM's uncalibrated default)" if np.all(flat == 1.0) else ""
     return Check("kv-scales", Verdict.OK, f"{flat.size} positive finite scale(s), "
                  f"{flat.min():.3g}..{flat.max():.3g}{note}", figures)

@@ -295,6 +295,11 @@ def _rule_verdict(f: dict, emax: float) -> tuple[Verdict, str]:
                               f"{f['rule']} rule allows: scales smaller than the codes were "
                               "quantized with")
     flat = f["flatness"] is not None and f["flatness"] >= FLAT
+    if f["share_at_max"] > f["at_max_threshold"] and flat and f["pile_up"] > f["pile_bound"]:
+        return Verdict.WARN, (f"{f['share_at_max']:.0%} of blocks reach {emax:g}, codes "
+                              f"pile up there ({f['pile_up']:.2f} > {f['pile_bound']:.2f}) "
+                              f"but not beyond chance in {f['blocks']:,} blocks: scales "
+                              "too small?")
     if f["share_at_max"] > f["at_max_threshold"] and flat:
         return Verdict.OK, (f"{f['share_at_max']:.0%} of blocks reach {emax:g}: blocks of "
                             f"nearly one amax (a flat top, flatness {f['flatness']:.2f}), "
