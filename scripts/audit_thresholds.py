@@ -12,6 +12,15 @@ with half-size dequantization scales (the codes doubled and clipped) and with do
 and the codes are counted by fmt audit's own streamed pass (``fmtcli.audit.stats.measure``).
 Printed: the share of nonzero groups that clip and that use only the lowest codes, as
 docs/audit.md's table shows them.
+
+    python scripts/audit_thresholds.py --mx-rule
+
+``mx-scale-rule`` on MXFP4 (block 32) under compressed-tensors' and OCP's rules, uniform
+(torch's Linear init), Gaussian and Student-t(3) weights of 128 rows at 64-8192 columns,
+healthy and with half-size scales (the E8M0 byte one lower, the codes quantized with it
+and clipped at 6), judged by fmt audit's own check (``layout_values.mx_scale_rule``):
+the pile-up figure over its bound (largest healthy, least half-size), the flatness and
+the verdicts -- docs/audit_layout_checks.md's table.
 """
 
 from __future__ import annotations
@@ -91,10 +100,49 @@ def shares(x: np.ndarray, element: str, group, cast, top, scale_of, factor,
     return c.clipping / c.nonzero_groups, c.lowest / c.nonzero_groups
 
 
+MX_WIDTHS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192)
+MX_RULES = {"compressed-tensors": ("compressed-tensors-mx", ct_mx),
+            "ocp": ("ocp-mx", lambda a: 2.0 ** (np.floor(np.log2(a)) - 2))}
+
+
+def mx_check(x: np.ndarray, layout: str, scale_of, factor: float):
+    """fmt audit's mx-scale-rule on ``x`` quantized to MXFP4 under ``scale_of`` x factor."""
+    from fmtcli.audit.layout_values import mx_scale_rule
+
+    codes, scale = codes_of(x, (1, 32), fp4, 6.0, scale_of, factor)
+    codes32, grid = codes.astype(np.float32), scale.reshape(x.shape[0], -1)
+    q = Quantized(layout, "w", "f", codes.shape, "float4_e2m1fn", "e8m0",
+                  ScaleGroup("block", block=32), {}, lambda r0, r1: codes32[r0:r1], {},
+                  lambda r0, r1: codes32[r0:r1], lambda: grid)
+    return mx_scale_rule(q, None)
+
+
+def mx_table() -> None:
+    print("| rule | weights | healthy: pile-up / bound (max) | verdicts | half-size: "
+          "pile-up / bound (min) | verdicts |")
+    print("|---|---|---|---|---|---|")
+    for rule, (layout, scale_of) in MX_RULES.items():
+        for weights in ("Uniform (torch's Linear init)", "Gaussian", "Student-t(3)"):
+            cells = []
+            for factor, pick in ((1, max), (0.5, min)):
+                found = [mx_check(WEIGHTS[weights](np.random.default_rng(i), (128, i))
+                                  / np.sqrt(i), layout, scale_of, factor)
+                         for i in MX_WIDTHS]  # 1/sqrt(I): where amax sits in its binade
+                ratio = pick(c.figures["pile_up"] / c.figures["pile_bound"] for c in found)
+                seen = sorted({c.verdict.value for c in found})
+                cells.append(f"{ratio:.2f} | {', '.join(seen)}")
+            print(f"| {rule} | {weights} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2048)
-    rows = parser.parse_args().rows
+    parser.add_argument("--mx-rule", action="store_true", help="the mx-scale-rule table")
+    args = parser.parse_args()
+    if args.mx_rule:
+        mx_table()
+        return
+    rows = args.rows
     print("| layout | weights | healthy | half-size scales (codes clip) | double scales |")
     print("|---|---|---|---|---|")
     for weights, draw in WEIGHTS.items():

@@ -138,9 +138,12 @@ FMT_RULES = {"mx-floor": "ocp", "mx-even": "mx-even", "mx-ceil": "mx-ceil",
 def _cross_pair_roughness(rows: np.ndarray) -> tuple[float, float]:
     """R of the stored and of the swapped reading (see the module docstring)."""
     rows = rows[:, : rows.shape[1] // 4 * 4]
+    rows = rows[np.isfinite(rows).all(axis=1)]  # a row holding NaN/inf says nothing
+    if rows.shape[1] < 4 or not rows.size:  # (no mean of an empty slice)
+        return 1.0, 1.0
     centred = rows - rows.mean(axis=1, keepdims=True)
     var = float(np.mean(centred ** 2))
-    if rows.shape[1] < 4 or var == 0.0:
+    if not (var > 0.0 and np.isfinite(var)):  # constant rows, or squares that overflow
         return 1.0, 1.0
     stored = np.mean((rows[:, 1:-2:2] - rows[:, 2:-1:2]) ** 2) / (2 * var)
     swapped = np.mean((rows[:, 0:-3:2] - rows[:, 3::2]) ** 2) / (2 * var)
@@ -310,6 +313,9 @@ def _rule_verdict(f: dict, emax: float) -> tuple[Verdict, str]:
         if f["share_at_max"] >= AT_MAX_FAIL and f["blocks"] >= 16:
             return Verdict.FAIL, (text + ": scales smaller than the codes were quantized "
                                   "with, or rounded after quantizing (transformers #46763)")
+        if f["pile_up"] is not None and f["pile_up"] <= f["pile_bound"]:
+            return Verdict.OK, text + f": no pile-up ({f['pile_up']:.2f} <= " \
+                f"{f['pile_bound']:.2f}), blocks of nearly one amax"
         return Verdict.WARN, text + ": blocks of nearly one amax, or scales too small"
     below = f["share_below_rule"]
     text = (f"{below:.2%} of {f['blocks']:,} blocks have a top code under "
