@@ -31,6 +31,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from fmtcli.audit import checks as generic
 from fmtcli.audit import layout_checks, passes
 from fmtcli.audit.check import Check, Verdict
@@ -287,12 +289,15 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
         from fmtcli.streaming.parallel import default_workers
 
         workers = default_workers()
-    figures = passes.measure_all(quantized, chunk_elements, workers)
-    tensors = []
-    for i, q in enumerate(quantized):
-        if on_tensor is not None:
-            on_tensor(q.name)
-        tensors.append(audit_quantized(q, scan, chunk_elements, figures.get(i)))
+    # inf/NaN products of a broken checkpoint's scales are what the checks count and say:
+    # no numpy warning reaches the user (the workers fork inside, errstate and all)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        figures = passes.measure_all(quantized, chunk_elements, workers)
+        tensors = []
+        for i, q in enumerate(quantized):
+            if on_tensor is not None:
+                on_tensor(q.name)
+            tensors.append(audit_quantized(q, scan, chunk_elements, figures.get(i)))
     plain_tensors = _plain(plain)
     weighted = [(t.nominal_bits, t.params) for t in tensors if t.nominal_bits and t.params]
     nominal = (sum(n * p for n, p in weighted) / sum(p for _, p in weighted)
@@ -307,8 +312,12 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
                        tuple(s.info() for s in plain if s.skipped is not None))
 
 
-def folder_of(path: str) -> str:
-    """The folder whose ``config.json`` describes ``path``: itself, or the file's folder."""
+def folder_of(path: str) -> str | None:
+    """The folder whose ``config.json`` describes ``path``: itself, or the file's folder;
+    None for standard input (``-``: numbers have no folder, the current one's config is
+    not theirs)."""
+    if path == "-":
+        return None
     return path if os.path.isdir(path) else (os.path.dirname(path) or ".")
 
 
