@@ -213,7 +213,9 @@ class Pass:
         if values.size:
             self.amax = max(self.amax, float(values.max()), -float(values.min()))
             wide = values.astype(np.float64)
-            self.squares += float(np.dot(wide, wide))
+            # einsum, not np.dot: OpenBLAS's threaded ddot spins its threads, 20-70 ns an
+            # element on a busy 2-core machine (benchmarks/RESULTS.md, bench_audit) vs ~2
+            self.squares += float(np.einsum("i,i->", wide, wide))
         if self.top is not None and self.q.elements_reader is not None:
             self._codes(self.q.elements_reader(r0, r1), r1 == matrix_end)
 
@@ -294,6 +296,9 @@ def measure(q, chunk_elements: int = CHUNK_ELEMENTS, power_of_two: bool = False,
     one below it uses the lowest codes.  ``workers``: forked processes reading its chunks
     (whole groups each; merged in chunk order, so the figures do not depend on them; a
     tensor-spanning group is read in one process)."""
+    from fmtcli.streaming.stream import keep_freed_memory
+
+    keep_freed_memory()  # chunk buffers reused, not page-faulted in afresh (as quantize)
     top = None if "zero_point" in q.parts else element_top(q.element)  # asymmetric: n/a
 
     def fresh() -> Pass:
