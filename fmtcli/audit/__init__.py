@@ -27,7 +27,6 @@ that names a scheme no tensor holds).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,7 +41,13 @@ from fmtcli.base.choices import CHUNK_ELEMENTS
 from fmtcli.base.errors import DataError, shown
 from fmtcli.inputs import layouts
 from fmtcli.inputs.storage import itemsize
-from fmtcli.inputs.tensors import TensorSource, load_path, select_keys, skipped_records
+from fmtcli.inputs.tensors import (
+    TensorSource,
+    config_folder,
+    load_path,
+    select_keys,
+    skipped_records,
+)
 from fmtcli.streaming.roles import roles_in_order
 
 __all__ = ["AuditResult", "AuditTotals", "Check", "PlainTensors", "RoleAudit", "TensorAudit",
@@ -312,15 +317,6 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
                        tuple(s.info() for s in plain if s.skipped is not None))
 
 
-def folder_of(path: str) -> str | None:
-    """The folder whose ``config.json`` describes ``path``: itself, or the file's folder;
-    None for standard input (``-``: numbers have no folder, the current one's config is
-    not theirs)."""
-    if path == "-":
-        return None
-    return path if os.path.isdir(path) else (os.path.dirname(path) or ".")
-
-
 def audit_path(path: str, keys: list[str] | None = None,
                chunk_elements: int = CHUNK_ELEMENTS,
                on_tensor: Callable[[str], None] | None = None,
@@ -329,5 +325,5 @@ def audit_path(path: str, keys: list[str] | None = None,
     sources = load_path(path, as_stored=True)
     if not sources:
         raise DataError(f"nothing to audit ({shown(path)} holds no tensors)")
-    return audit_sources(sources, layouts.read_config(folder_of(path)), keys, path,
+    return audit_sources(sources, layouts.read_config(config_folder(path)), keys, path,
                          chunk_elements, on_tensor, workers)
