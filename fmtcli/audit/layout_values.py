@@ -313,7 +313,8 @@ def _rule_verdict(f: dict, emax: float) -> tuple[Verdict, str]:
         if f["share_at_max"] >= AT_MAX_FAIL and f["blocks"] >= 16:
             return Verdict.FAIL, (text + ": scales smaller than the codes were quantized "
                                   "with, or rounded after quantizing (transformers #46763)")
-        if f["pile_up"] is not None and f["pile_up"] <= f["pile_bound"]:
+        if (f["pile_up"] is not None and f["pile_up"] <= f["pile_bound"]
+                and f["share_at_max"] < AT_MAX_FAIL):
             return Verdict.OK, text + f": no pile-up ({f['pile_up']:.2f} <= " \
                 f"{f['pile_bound']:.2f}), blocks of nearly one amax"
         return Verdict.WARN, text + ": blocks of nearly one amax, or scales too small"
