@@ -88,6 +88,23 @@ MAX_TRACE = SOFTMAX_MAX_TRACE  # blocks x components recorded in the trace
 ARITHMETIC = "max exact; s-m, exp, every product, every sum and acc/l rounded to {f} ({how})"
 
 
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    """exp of float64 values by the C library (``math.exp``: correctly rounded on glibc
+    for these arguments), not numpy's SIMD exp, which numpy 1.26 computes 1 ulp off on
+    AVX-512 CPUs (exp(-1): 0.3678794411714424 vs 0.36787944117144233): the emulation's
+    ``fl(exp(x))`` must not depend on the CPU or the numpy release."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.fromiter(map(_exp_one, x.ravel().tolist()), np.float64, x.size).reshape(x.shape)
+
+
+def _exp_one(v: float) -> float:
+    try:
+        return math.exp(v)
+    except OverflowError:  # past float64's range, as numpy's exp says it
+        return math.inf
+
+
 @dataclass(frozen=True)
 class SoftmaxBlock:
     """One block of the trace: its keys ``start:stop`` (0-based, as a Python slice), their
@@ -298,10 +315,10 @@ def online_softmax(scores, values, block: int = DEFAULT_BLOCK,
         block_max = grid.max(axis=1)
         running_max = np.maximum.accumulate(block_max)
         rescale = np.ones(blocks)  # block 1's is never used: nothing was accumulated
-        rescale[1:] = fl(np.exp(fl(running_max[:-1] - running_max[1:])))
+        rescale[1:] = fl(_exp(fl(running_max[:-1] - running_max[1:])))
         real = np.arange(blocks * block).reshape(blocks, block) < keys
         p = np.zeros((blocks, block))  # the padding's exponentials: exact zeros
-        p[real] = fl(np.exp(fl((grid - running_max[:, None])[real])))
+        p[real] = fl(_exp(fl((grid - running_max[:, None])[real])))
         # column 0: the weights (for l), then their products with each component (acc):
         # l and acc go through the same roundings together, one call per step
         terms = np.empty((blocks, block, width + 1))
