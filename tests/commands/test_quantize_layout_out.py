@@ -322,6 +322,7 @@ def _library_decompress(folder, out):
     """compressed-tensors' own load of a written folder: its config applied to the model,
     compressed, the file's tensors loaded strictly, then decompressed."""
     pytest.importorskip("compressed_tensors")
+    pytest.importorskip("transformers")  # compressed-tensors requires it; said, not assumed
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
