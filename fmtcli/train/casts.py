@@ -325,6 +325,8 @@ def fake_quant(x: torch.Tensor, cast: Cast, *, scale: float | None = None,
 
     if cast.identity and count is None:
         return x.detach().to(torch.float32)
+    if _torch_casts(cast, scale):
+        return _torch_plain(x, cast, count)
     device = x.device
     host = x.detach().to(device="cpu", dtype=torch.float32).contiguous()
     rows, cols = as_matrix_shape(tuple(host.shape))
@@ -343,11 +345,43 @@ def fake_quant(x: torch.Tensor, cast: Cast, *, scale: float | None = None,
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
+#: The plain casts torch's own conversion does as ``round_to_format`` does, to the bit
+#: (nearest-even, subnormals, overflow to inf, NaN: tests/train/test_casts.py checks it):
+#: done by torch, on the tensor's device, with no copy to numpy.
+TORCH_CASTS = {"bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _torch_casts(cast: Cast, scale: float | None) -> bool:
+    return (cast.format in TORCH_CASTS and cast.group is None and not cast.hadamard
+            and scale in (None, 1.0) and cast.rounding is RoundingMode.NEAREST_EVEN
+            and cast.overflow_policy is OverflowPolicy.IEEE)
+
+
+def _torch_plain(x: torch.Tensor, cast: Cast, count: CastCount | None) -> torch.Tensor:
+    """A bfloat16 or float16 cast by torch's conversion, counted as ``_count`` counts."""
+    import torch
+
+    x = x.detach().to(torch.float32)
+    out = x.to(getattr(torch, TORCH_CASTS[cast.format])).to(torch.float32)
+    if count is not None:
+        limit = beyond_threshold(cast.spec, cast.rounding, np.float32)
+        a = x.abs()
+        nonzero = x != 0
+        nonfinite = int(x.numel() - torch.isfinite(x).sum())
+        amax = float(a.max()) if x.numel() else 0.0
+        count.add(elements=x.numel(), nonzero=int(nonzero.sum()) - nonfinite,
+                  flushed=int((nonzero & (out == 0)).sum()),
+                  saturated=int((a >= limit).sum()), amax=amax, scale_min=1.0,
+                  scale_max=1.0, nonfinite=nonfinite)
+    return out
+
+
 def _count(count: CastCount, x: np.ndarray, out: np.ndarray, result: CastResult) -> None:
-    """Add one cast's figures: flushed = nonzero finite inputs whose result is 0."""
-    finite = np.isfinite(x)
-    nonzero = (x != 0) & finite
-    count.add(elements=x.size, nonzero=int(np.count_nonzero(nonzero)),
-              flushed=int(np.count_nonzero(nonzero & (out == 0))),
+    """Add one cast's figures: flushed = nonzero finite inputs whose result is 0 (an inf or
+    NaN input never comes out 0, so ``x != 0`` suffices); the nonfinite inputs are counted
+    only where the amax says there are any."""
+    nonfinite = 0 if math.isfinite(result.amax) else int(x.size - np.count_nonzero(np.isfinite(x)))
+    count.add(elements=x.size, nonzero=int(np.count_nonzero(x)) - nonfinite,
+              flushed=int(np.count_nonzero((out == 0) & (x != 0))),
               saturated=result.saturated, amax=result.amax, scale_min=result.scale_min,
-              scale_max=result.scale_max, nonfinite=int(x.size - np.count_nonzero(finite)))
+              scale_max=result.scale_max, nonfinite=nonfinite)

@@ -158,6 +158,32 @@ def test_count_to_dict_is_json_safe():
     assert '"nonfinite": 2' in text
 
 
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_torchs_own_16_bit_cast_is_round_to_format_to_the_bit(fmt):
+    """fake_quant casts plain bfloat16/float16 by torch's conversion (fast, on the device):
+    it must be fmt's nearest-even rounding with IEEE overflow for every float32 pattern
+    kind: random bit patterns over all exponents, ties, the subnormal edge, max, inf, NaN."""
+    from fmtcli.numerics.rounding import round_to_format
+
+    rng = np.random.default_rng(9)
+    bits = rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32)
+    spec = get_format(fmt)
+    half_ulp_of_max = 2.0 ** (math.frexp(spec.max)[1] - 2 - spec.mantissa_bits)
+    edges = [spec.max, spec.max + half_ulp_of_max, spec.smallest_subnormal,
+             spec.smallest_normal, spec.smallest_subnormal / 2, 1 + 2.0 ** -spec.mantissa_bits / 2]
+    near = np.array(edges, np.float32)
+    with np.errstate(over="ignore"):
+        ties = np.concatenate([np.nextafter(near, np.float32(np.inf)),
+                               np.nextafter(near, np.float32(0)), near, near * 1.5,
+                               [np.inf, -np.inf, np.nan, 0.0, -0.0]]).astype(np.float32)
+    x = np.concatenate([bits.view(np.float32), ties, -ties])
+    got = fake_quant(torch.from_numpy(x.copy()), Cast(fmt)).numpy()
+    want = round_to_format(x, spec, "nearest-even", "ieee")
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    keep = ~np.isnan(want)
+    np.testing.assert_array_equal(got[keep].view(np.uint32), want[keep].view(np.uint32))
+
+
 def test_fp16_overflows_to_inf_and_fp8_saturates():
     x = torch.tensor([[70000.0, 1.0, -1e6]])
     assert torch.isinf(fake_quant(x, Cast("float16"))).tolist() == [[True, False, True]]
