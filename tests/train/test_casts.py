@@ -44,7 +44,7 @@ def heavy_tailed(shape=(48, 200), seed=2) -> np.ndarray:
 DATA = {"normal": normal, "heavy": heavy_tailed}
 
 
-def engine(x: np.ndarray, scheme: Scheme, key: str = "x", seed: int = 0):
+def engine(x: np.ndarray, scheme: Scheme, key: str = "x", seed: int = 0, **options):
     """The engine's x_q of a 2-D tensor under one scheme, and its accumulator."""
     out = np.zeros(x.shape, np.float32)
 
@@ -53,7 +53,7 @@ def engine(x: np.ndarray, scheme: Scheme, key: str = "x", seed: int = 0):
 
     source = TensorSource("mem", key, x.shape, "float32", lambda: x)
     runs, _ = quantize_tensor(source, [scheme], keep=0, keep_mode="values", sink=sink,
-                              workers=1, seed=seed)
+                              workers=1, seed=seed, **options)
     return out, runs[0].acc
 
 
@@ -93,6 +93,33 @@ def test_fake_quant_is_the_engines_cast_to_the_bit(cast, data):
     if cast.rounding is RoundingMode.NEAREST_EVEN:
         assert count.saturated == acc.saturated
     assert count.elements == x.size and count.steps == 1
+
+
+@pytest.mark.parametrize("name, role", [("tensorwise", "grad_output"), ("nvfp4", "wgrad_grad"),
+                                        ("nvfp4", "weight"), ("deepseek", "weight")])
+def test_the_engine_in_many_chunks_agrees_too(name, role):
+    """The engine cuts a tensor into chunks (a first pass for tensor-wide amaxes, positional
+    draws for stochastic rounding): many small chunks give the same values as fake_quant."""
+    cast = getattr(get_recipe(name), role)
+    x = heavy_tailed((96, 256), seed=4)
+    m = hadamard.forward(x, cast.hadamard) if cast.hadamard else x
+    expected, _ = engine(m, cast.scheme(), seed=5, chunk_elements=4096)
+    if cast.hadamard:
+        expected = hadamard.inverse(expected, cast.hadamard)
+    got = fake_quant(torch.from_numpy(x), cast, rng=5).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_cuda_tensor_is_cast_as_on_the_cpu():
+    x = torch.from_numpy(heavy_tailed())
+    for name in ("bf16", "fp16", "tensorwise", "mxfp8", "nvfp4"):
+        for cast in get_recipe(name).casts().values():
+            if cast is None:
+                continue
+            on_gpu = fake_quant(x.cuda(), cast, rng=3)
+            assert on_gpu.device.type == "cuda"
+            assert torch.equal(on_gpu.cpu(), fake_quant(x, cast, rng=3)), cast.label()
 
 
 def test_the_bit_comparison_can_fail():
