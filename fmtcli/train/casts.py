@@ -23,6 +23,7 @@ scale.  Scales are fmt's direction (multiply to enter the format's range).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -81,7 +82,7 @@ class Cast:
         if self.scale_rule in (ScaleRule.PERCENTILE,):
             raise UsageError("a training cast takes the amax, power-of-two, MX or fixed rule")
 
-    @property
+    @functools.cached_property
     def spec(self) -> FormatSpec:
         return get_format(self.format)
 
@@ -216,29 +217,17 @@ class CastResult:
     scale_max: float | None
 
 
-def _draws(rng, shape) -> object | None:
-    """What stochastic rounding draws from: a ``np.random.Generator``, an int seed (the
-    engine's ``PositionalUniform`` over the element indices of a (rows, cols) matrix, as
-    ``fmt quantize --rounding stochastic --seed`` draws), or None (seed 0)."""
-    if rng is None or isinstance(rng, (int, np.integer)):
-        rows, cols = shape
-        index = (np.arange(rows, dtype=np.uint64)[:, None] * np.uint64(cols)
-                 + np.arange(cols, dtype=np.uint64)[None, :])
-        return PositionalUniform(int(rng or 0), index)
-    return rng
-
-
-def _padded_draws(draws, padded: tuple[int, int], shape: tuple[int, int]):
-    """Draws for the tile view of a matrix padded to whole tiles, in the engine's order:
-    element (r, c) of the padded matrix has index r * cols + c (padding holds zeros)."""
-    if not isinstance(draws, PositionalUniform) or padded == shape:
-        return draws
-    rows, cols = shape
+def _draws(rng, padded: tuple[int, int], cols: int):
+    """What stochastic rounding draws from, for a matrix of ``cols`` columns padded to
+    ``padded`` (rows, cols) whole tiles: a ``np.random.Generator`` as it is (drawn in the
+    padded tile view's order), or an int seed (None: 0) for the engine's
+    ``PositionalUniform``, keyed by each element's index ``r * cols + c`` in the matrix, as
+    ``fmt quantize --rounding stochastic --seed`` draws (padding, zeros, gets indices too)."""
+    if rng is not None and not isinstance(rng, (int, np.integer)):
+        return rng
     index = (np.arange(padded[0], dtype=np.uint64)[:, None] * np.uint64(cols)
              + np.arange(padded[1], dtype=np.uint64)[None, :])
-    out = PositionalUniform(0, index)
-    out.keys = draws.keys
-    return out
+    return PositionalUniform(int(rng or 0), index)
 
 
 def _codes(product: np.ndarray, cast: Cast, draws) -> tuple[np.ndarray, int]:
@@ -254,8 +243,9 @@ def _codes(product: np.ndarray, cast: Cast, draws) -> tuple[np.ndarray, int]:
 def _plain(x: np.ndarray, cast: Cast, scale: float | None, rng) -> CastResult:
     """No group: one given scale (1: a plain cast)."""
     s = np.float32(1.0 if scale is None else scale)
-    amax = float(tile_amax(x.reshape(1, -1), 1, max(1, x.size))[0, 0]) if x.size else 0.0
-    draws = _draws(rng, x.shape) if cast.rounding is RoundingMode.STOCHASTIC else None
+    amax = float(tile_amax(x.reshape(1, -1), 1, x.size)[0, 0])
+    draws = (_draws(rng, x.shape, x.shape[1]) if cast.rounding is RoundingMode.STOCHASTIC
+             else None)
     with np.errstate(all="ignore"):
         codes, saturated = _codes(np.multiply(x, s), cast, draws)
         out = codes if s == 1 else from_codes(codes, s)
@@ -267,9 +257,10 @@ def quantize_matrix(x: np.ndarray, cast: Cast, *, scale: float | None = None,
     """``x`` (rows, cols), float32, through ``cast`` (its Hadamard transform is the
     caller's): one scale per tile of ``cast.group`` by the engine's rule, or the given
     ``scale``; ``x_q = cast(x * s) / s`` with the float32 product and the engine's rounding."""
+    if x.size == 0:
+        return CastResult(np.array(x, np.float32), 0, 0.0, None, None)
     if cast.format == "float32":
-        amax = float(np.max(np.abs(x))) if x.size else 0.0
-        return CastResult(x, 0, amax, 1.0, 1.0)
+        return CastResult(x, 0, float(np.max(np.abs(x))), 1.0, 1.0)
     if cast.group is None or scale is not None or cast.scale_rule is ScaleRule.FIXED:
         if cast.scale_rule is ScaleRule.FIXED and scale is None:
             raise UsageError("a delayed (fixed-rule) cast needs its scale")
@@ -289,8 +280,7 @@ def quantize_matrix(x: np.ndarray, cast: Cast, *, scale: float | None = None,
     view = tile_view(x, tr, tc)
     draws = None
     if cast.rounding is RoundingMode.STOCHASTIC:
-        draws = _padded_draws(_draws(rng, x.shape), (view.shape[0] * tr, view.shape[2] * tc),
-                              x.shape)
+        draws = _draws(rng, (view.shape[0] * tr, view.shape[2] * tc), cols)
     with np.errstate(all="ignore"):
         codes, saturated = _codes(np.multiply(view, s4), cast, draws)
         out = from_codes(codes, s4)

@@ -142,6 +142,17 @@ def test_leading_axes_are_rows_and_the_input_is_untouched():
     np.testing.assert_array_equal(x, keep)
 
 
+@pytest.mark.parametrize("shape", [(7,), (), (0, 16), (3, 5, 40)])
+def test_any_shape_keeps_its_shape(shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    for name in ("bf16", "tensorwise", "nvfp4", "mxfp8", "fp8-unscaled"):
+        count = CastCount()
+        y = fake_quant(x, get_recipe(name).grad_output, rng=np.random.default_rng(0),
+                       count=count)
+        assert y.shape == x.shape and y.dtype == torch.float32
+        assert count.elements == x.numel()
+
+
 def test_stochastic_rounding_draws_from_the_generator():
     x = normal()
     cast = Cast("float4_e2m1fn", ScaleGroup(Granularity.BLOCK, 16),
