@@ -136,8 +136,13 @@ def _nvfp4(two_d_weights: bool, hadamard: bool, stochastic_grads: bool) -> Recip
                   dgrad_weight=None if two_d_weights else weight)
 
 
-def _mx(name: str, fmt: str, description: str) -> Recipe:
-    cast = Cast(fmt, _block(32), ScaleRule.MX_FLOOR, ScaleFormat.E8M0)
+def _mx(name: str, fmt: str, description: str, rule: ScaleRule) -> Recipe:
+    """OCP MX: blocks of 32 along each GEMM's reduction axis (so the backward casts X^T,
+    dY^T and W^T again), E8M0 scales.  The rule is ``fmt quantize``'s (OCP's floor) unless
+    ``mx_rule`` says otherwise: Transformer Engine's MXFP8 kernels round the E8M0 exponent
+    up (``float_to_e8m0``: ``cvt.rp.satfinite.ue8m0x2.f32``, fmt's ``mx-rceil``)."""
+    cast = Cast(fmt, _block(32), rule, ScaleFormat.E8M0)
+    description = description.replace("(floor rule)", f"({rule.value} rule)")
     return _same(name, description, cast, cast, cast, True)
 
 
@@ -152,14 +157,15 @@ DESCRIPTIONS = {
     "rowwise": "FP8 E4M3, one power-of-two scale per row (torchao rowwise)",
     "deepseek": "FP8 E4M3, 1x128 tiles for activations and gradients, 128x128 for weights "
                 "(DeepSeek-V3 3.3)",
-    "mxfp8": "OCP MXFP8: E4M3, blocks of 32, E8M0 scales (floor rule)",
+    "mxfp8": "OCP MXFP8: E4M3 (gradients too, as TE), blocks of 32, E8M0 scales (floor rule)",
     "mxfp4": "OCP MXFP4: E2M1, blocks of 32, E8M0 scales (floor rule)",
     "nvfp4": "NVFP4: E2M1, 1x16 blocks, E4M3 x FP32 scales (TE's NVFP4 recipe)",
     "fp8-unscaled": "FP8 E4M3 forward / E5M2 backward with scale 1 (what scaling is for)",
 }
 RECIPE_NAMES: tuple[str, ...] = tuple(DESCRIPTIONS)
 OPTIONS = ("amax_history", "amax_mode", "two_d_weights", "hadamard", "stochastic_grads",
-           "growth_interval", "static_loss_scale")
+           "growth_interval", "static_loss_scale", "mx_rule")
+MX_RULES = (ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL)
 
 
 def _build(name: str, o: dict) -> Recipe:
@@ -183,7 +189,7 @@ def _build(name: str, o: dict) -> Recipe:
         act = Cast(E4M3, _tile(1, 128))
         return _same(name, d, act, Cast(E4M3, _tile(128, 128)), act, True)
     if name in ("mxfp8", "mxfp4"):
-        return _mx(name, E4M3 if name == "mxfp8" else FP4, d)
+        return _mx(name, E4M3 if name == "mxfp8" else FP4, d, o["mx_rule"])
     if name == "nvfp4":
         return _nvfp4(o["two_d_weights"], o["hadamard"], o["stochastic_grads"])
     return _fp8(name, None, ScaleRule.AMAX, E4M3, E5M2, d)  # fp8-unscaled
@@ -196,7 +202,8 @@ def _options(options: dict) -> dict:
         raise UsageError(f"unknown recipe option '{unknown[0]}'",
                          "options: " + ", ".join(OPTIONS))
     o = {"amax_history": 16, "amax_mode": "max", "two_d_weights": True, "hadamard": True,
-         "stochastic_grads": True, "growth_interval": 2000, "static_loss_scale": 2.0 ** 15}
+         "stochastic_grads": True, "growth_interval": 2000, "static_loss_scale": 2.0 ** 15,
+         "mx_rule": ScaleRule.MX_FLOOR}
     o.update({k: v for k, v in options.items() if v is not None})
     history = o["amax_history"]
     if isinstance(history, bool) or not isinstance(history, int) \
@@ -213,6 +220,11 @@ def _options(options: dict) -> dict:
         raise UsageError(Param("static_loss_scale", scale)
                          + ": a loss scale must be positive and finite")
     o["static_loss_scale"] = float(scale)
+    rule = o["mx_rule"]
+    if rule not in {r.value for r in MX_RULES} | set(MX_RULES):
+        raise UsageError(Param("mx_rule", rule) + ": one of "
+                         + ", ".join(r.value for r in MX_RULES))
+    o["mx_rule"] = ScaleRule(rule)
     for flag in ("two_d_weights", "hadamard", "stochastic_grads"):
         o[flag] = bool(o[flag])
     return o
@@ -222,8 +234,10 @@ def get_recipe(name: str, **options) -> Recipe:
     """The recipe ``name`` (one of ``RECIPE_NAMES``) with ``options``: ``amax_history``,
     ``amax_mode`` (delayed), ``two_d_weights``, ``hadamard``, ``stochastic_grads``
     (nvfp4; all on by default, as TE's recipe), ``growth_interval`` (fp16-dynamic),
-    ``static_loss_scale`` (fp16-static); an option a recipe has no use for is ignored
-    (one command line sets them for every recipe it runs), None keeps the default.
+    ``static_loss_scale`` (fp16-static), ``mx_rule`` (mxfp8, mxfp4: an ``mx-*`` scale
+    rule, ``mx-floor`` by default as ``fmt quantize``, ``mx-rceil`` as TE); an option a
+    recipe has no use for is ignored (one command line sets them for every recipe it
+    runs), None keeps the default.
     DeepSeek-V3's limited-precision accumulation (``fmt dot``'s 14 bits, promoted every
     128) is not an option yet: every recipe accumulates in float32."""
     key = str(name).strip().lower()
@@ -235,8 +249,10 @@ def get_recipe(name: str, **options) -> Recipe:
     recipe = _build(key, o)
     used = {"delayed": ("amax_history", "amax_mode"),
             "nvfp4": ("two_d_weights", "hadamard", "stochastic_grads"),
-            "fp16-dynamic": ("growth_interval",), "fp16-static": ("static_loss_scale",)}
-    return replace(recipe, options=tuple((k, o[k]) for k in used.get(key, ())))
+            "fp16-dynamic": ("growth_interval",), "fp16-static": ("static_loss_scale",),
+            "mxfp8": ("mx_rule",), "mxfp4": ("mx_rule",)}
+    return replace(recipe, options=tuple((k, getattr(o[k], "value", o[k]))
+                                         for k in used.get(key, ())))
 
 
 def parse_recipes(text: str, **options) -> list[Recipe]:

@@ -69,8 +69,11 @@ def scheme_of(cast: Cast, scale: float | None) -> Scheme:
 
 def recipe_casts():
     seen = {}
-    for name in RECIPE_NAMES:
-        for role, cast in get_recipe(name).casts().items():
+    variants = [(name, {}) for name in RECIPE_NAMES] + [
+        ("mxfp8", {"mx_rule": "mx-rceil"}),
+        ("nvfp4", {"two_d_weights": False, "hadamard": False, "stochastic_grads": False})]
+    for name, options in variants:
+        for role, cast in get_recipe(name, **options).casts().items():
             if cast is not None and not cast.identity:
                 seen.setdefault(cast, f"{name}.{role}")
     return [pytest.param(cast, id=label) for cast, label in seen.items()]

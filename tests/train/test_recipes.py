@@ -134,6 +134,15 @@ def test_shared_names_cast_with_quantizes_scheme(name):
             (q.format, q.group, q.scale_rule, q.scale_format), key
 
 
+def test_mx_rule_option():
+    r = get_recipe("mxfp8", mx_rule="mx-rceil")
+    assert all(c.scale_rule is ScaleRule.MX_RCEIL for c in r.casts().values())
+    assert "mx-rceil" in r.description and dict(r.options) == {"mx_rule": "mx-rceil"}
+    assert get_recipe("mxfp4").activation.scale_rule is ScaleRule.MX_FLOOR
+    with pytest.raises(UsageError):
+        get_recipe("mxfp8", mx_rule="amax")
+
+
 def test_an_unknown_recipe_suggests_the_closest():
     with pytest.raises(UsageError) as error:
         get_recipe("nvpf4")
