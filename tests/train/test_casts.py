@@ -75,7 +75,8 @@ def recipe_casts():
     for name, options in variants:
         for role, cast in get_recipe(name, **options).casts().items():
             if cast is not None and not cast.identity:
-                seen.setdefault(cast, f"{name}.{role}")
+                tag = "".join(f"+{k}={v}" for k, v in options.items())
+                seen.setdefault(cast, f"{name}{tag}.{role}")
     return [pytest.param(cast, id=label) for cast, label in seen.items()]
 
 
