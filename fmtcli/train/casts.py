@@ -348,30 +348,40 @@ def _torch_casts(cast: Cast, scale: float | None) -> bool:
 
 
 def _torch_plain(x: torch.Tensor, cast: Cast, count: CastCount | None) -> torch.Tensor:
-    """A bfloat16 or float16 cast by torch's conversion, counted as ``_count`` counts."""
+    """A bfloat16 or float16 cast by torch's conversion, counted as ``_count`` counts (on
+    the CPU by numpy on the same memory; on a GPU by torch there)."""
     import torch
 
     x = x.detach().to(torch.float32)
     out = x.to(getattr(torch, TORCH_CASTS[cast.format])).to(torch.float32)
-    if count is not None:
-        limit = beyond_threshold(cast.spec, cast.rounding, np.float32)
-        a = x.abs()
-        nonzero = x != 0
-        nonfinite = int(x.numel() - torch.isfinite(x).sum())
-        amax = float(a.max()) if x.numel() else 0.0
-        count.add(elements=x.numel(), nonzero=int(nonzero.sum()) - nonfinite,
-                  flushed=int((nonzero & (out == 0)).sum()),
-                  saturated=int((a >= limit).sum()), amax=amax, scale_min=1.0,
-                  scale_max=1.0, nonfinite=nonfinite)
+    if count is None:
+        return out
+    limit = beyond_threshold(cast.spec, cast.rounding, np.float32)
+    if x.device.type == "cpu":
+        m = x.contiguous().numpy().reshape(as_matrix_shape(tuple(x.shape)))
+        amax = float(tile_amax(m.reshape(1, -1), 1, m.size)[0, 0]) if m.size else 0.0
+        saturated = 0 if amax < limit else int(np.count_nonzero(np.abs(m) >= limit))
+        result = CastResult(out, saturated, amax, 1.0, 1.0)
+        _count(count, m, out.numpy().reshape(m.shape), result)
+        return out
+    a = x.abs()
+    amax = float(a.max()) if x.numel() else 0.0
+    nonfinite = 0 if math.isfinite(amax) else int(x.numel() - torch.isfinite(x).sum())
+    count.add(elements=x.numel(), nonzero=int(torch.count_nonzero(x)) - nonfinite,
+              flushed=int(torch.count_nonzero(x)) - int(torch.count_nonzero(out)),
+              saturated=int(torch.count_nonzero(a >= limit)), amax=amax, scale_min=1.0,
+              scale_max=1.0, nonfinite=nonfinite)
     return out
 
 
 def _count(count: CastCount, x: np.ndarray, out: np.ndarray, result: CastResult) -> None:
-    """Add one cast's figures: flushed = nonzero finite inputs whose result is 0 (an inf or
-    NaN input never comes out 0, so ``x != 0`` suffices); the nonfinite inputs are counted
-    only where the amax says there are any."""
+    """Add one cast's figures.  Flushed: the nonzero inputs whose result is 0; a zero input
+    casts to 0 and an inf or NaN one never does (the training formats are signed and have
+    a zero), so that is the count of nonzero inputs less the count of nonzero results.
+    The nonfinite inputs are counted only where the amax says there are any."""
     nonfinite = 0 if math.isfinite(result.amax) else int(x.size - np.count_nonzero(np.isfinite(x)))
-    count.add(elements=x.size, nonzero=int(np.count_nonzero(x)) - nonfinite,
-              flushed=int(np.count_nonzero((out == 0) & (x != 0))),
-              saturated=result.saturated, amax=result.amax, scale_min=result.scale_min,
-              scale_max=result.scale_max, nonfinite=nonfinite)
+    nonzero = int(np.count_nonzero(x))
+    count.add(elements=x.size, nonzero=nonzero - nonfinite,
+              flushed=nonzero - int(np.count_nonzero(out)), saturated=result.saturated,
+              amax=result.amax, scale_min=result.scale_min, scale_max=result.scale_max,
+              nonfinite=nonfinite)
