@@ -4,8 +4,9 @@ A ``Cast`` names an element format, what one scale covers (a ``ScaleGroup``, or 
 plain cast with no scale), the scale rule and format, the rounding, and an optional random
 Hadamard transform (``hadamard``) applied first.  ``fake_quant`` applies it to a torch
 tensor by the project's own numerics, the same functions ``fmt quantize``'s engine runs on
-a chunk (``engine.chunk_parts.scales_for`` and ``nvfp4_tensor_scale`` for the scales,
-``numerics.tiles.to_codes`` -> ``rounding.round_to_format`` for the cast), so a recipe in
+a chunk (``numerics.tiles.tile_amax``, then ``engine.chunk_parts.scales_for`` and
+``nvfp4_tensor_scale`` for the scales, the float32 product and ``rounding.round_to_format``
+for the cast, as ``numerics.tiles.to_codes`` does), so a recipe in
 ``train`` rounds to the bit as the same scheme does in ``quantize``
 (tests/train/test_casts.py compares them with ``engine.quantize_tensor``).
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -155,7 +156,6 @@ class CastCount:
     scale_max: float = -math.inf
     steps: int = 0
     nonfinite: int = 0  # NaN or inf inputs
-    extra: dict = field(default_factory=dict)
 
     def add(self, *, elements: int, nonzero: int, flushed: int, saturated: int,
             amax: float, scale_min: float | None, scale_max: float | None,
@@ -230,13 +230,17 @@ def _draws(rng, padded: tuple[int, int], cols: int):
     return PositionalUniform(int(rng or 0), index)
 
 
-def _codes(product: np.ndarray, cast: Cast, draws) -> tuple[np.ndarray, int]:
+def _codes(product: np.ndarray, cast: Cast, draws, peak: float) -> tuple[np.ndarray, int]:
     """``numerics.tiles.to_codes`` on a float32 product, with stochastic rounding's draws
     passed on: ``round_to_format`` (saturating or IEEE), and how many products reach
-    ``rounding.beyond_threshold`` (those that would round past max)."""
+    ``rounding.beyond_threshold`` (those that would round past max).  ``peak``: the
+    largest ``fl(amax * scale)`` of the tiles, a bound on every ``|x * scale|`` (rounding
+    is monotone, as the engine bounds a chunk): below the threshold nothing is counted."""
     spec = cast.spec
     codes = round_to_format(product, spec, cast.rounding, cast.overflow_policy, rng=draws)
     limit = beyond_threshold(spec, cast.rounding, product.dtype)
+    if peak < limit:  # False for NaN: then counted
+        return codes, 0
     return codes, int(np.count_nonzero(np.abs(product) >= limit))
 
 
@@ -247,7 +251,8 @@ def _plain(x: np.ndarray, cast: Cast, scale: float | None, rng) -> CastResult:
     draws = (_draws(rng, x.shape, x.shape[1]) if cast.rounding is RoundingMode.STOCHASTIC
              else None)
     with np.errstate(all="ignore"):
-        codes, saturated = _codes(np.multiply(x, s), cast, draws)
+        codes, saturated = _codes(np.multiply(x, s), cast, draws,
+                                  float(np.float32(amax) * s))
         out = codes if s == 1 else from_codes(codes, s)
     return CastResult(out.astype(np.float32, copy=False), saturated, amax, float(s), float(s))
 
@@ -282,7 +287,8 @@ def quantize_matrix(x: np.ndarray, cast: Cast, *, scale: float | None = None,
     if cast.rounding is RoundingMode.STOCHASTIC:
         draws = _draws(rng, (view.shape[0] * tr, view.shape[2] * tc), cols)
     with np.errstate(all="ignore"):
-        codes, saturated = _codes(np.multiply(view, s4), cast, draws)
+        peak = float(np.max(amax * s4[:, 0, :, 0]))
+        codes, saturated = _codes(np.multiply(view, s4), cast, draws, peak)
         out = from_codes(codes, s4)
     if dead.any():
         out[np.broadcast_to(dead[:, None, :, None], out.shape)] = 0
