@@ -224,15 +224,16 @@ class AuditResult:
 # -- one tensor ----------------------------------------------------------------------------
 
 def audit_quantized(q, scan: layouts.Scan, chunk_elements: int = CHUNK_ELEMENTS,
-                    figures: tuple | None = None) -> TensorAudit:
+                    figures: tuple | None = None, checked: list | None = None) -> TensorAudit:
     """One quantized tensor's description, figures (``figures``: measured already, by a
-    worker) and checks (generic, then the layout's)."""
+    worker) and checks (generic, then the layout's: ``checked``, run by a worker)."""
     m = passes.measured(q, chunk_elements, figures)
     found = [generic.run_check(check, q, scan, m) for check in generic.CHECKS]
     if m is not None and m.values is None and m.scales_error:
         found.append(Check("readable", Verdict.FAIL, f"cannot be read: {m.scales_error}"))
-    for check in layout_checks.CHECKS:
-        found.append(generic.run_check(check, q, scan))
+    if checked is None:
+        checked = [generic.run_check(check, q, scan) for check in layout_checks.CHECKS]
+    found += checked
     nominal = q.facts.get("nominal_bits")
     return TensorAudit(
         q.key, q.source, tuple(q.shape), q.layout, q.element, q.scale_dtype,
@@ -298,11 +299,13 @@ def audit_sources(sources: list[TensorSource], config: dict | None = None,
     # no numpy warning reaches the user (the workers fork inside, errstate and all)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         figures = passes.measure_all(quantized, chunk_elements, workers)
+        checked = passes.layout_checks_all(quantized, scan, workers)
         tensors = []
         for i, q in enumerate(quantized):
             if on_tensor is not None:
                 on_tensor(q.name)
-            tensors.append(audit_quantized(q, scan, chunk_elements, figures.get(i)))
+            tensors.append(audit_quantized(q, scan, chunk_elements, figures.get(i),
+                                           checked.get(i)))
     plain_tensors = _plain(plain)
     weighted = [(t.nominal_bits, t.params) for t in tensors if t.nominal_bits and t.params]
     nominal = (sum(n * p for n, p in weighted) / sum(p for _, p in weighted)

@@ -267,9 +267,12 @@ def _beyond_chance(part: int, whole: int, chance: float) -> bool:
     CLIP_ALPHA (upper tail)."""
     if chance <= 0:
         return part > 0
-    if chance >= 1 or part == 0:
-        return False
-    k = np.arange(part, whole + 1)
+    if chance >= 1 or part <= math.floor(whole * chance):
+        return False  # a median is >= floor(n p): the tail from there holds >= 1/2
+    # the terms fall from ``part`` on (above the mean); 40 sd + 100 further they are below
+    # e^-800 of the first: not millions of lgamma calls for a tensor of millions of groups
+    reach = 100 + int(40 * math.sqrt(whole * chance * (1 - chance)))
+    k = np.arange(part, min(whole, part + reach) + 1)
     return float(np.exp(_log_binom(whole, k, chance)).sum()) < CLIP_ALPHA
 
 

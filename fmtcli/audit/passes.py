@@ -124,3 +124,47 @@ def measure_all(quantized: list, chunk_elements: int, workers: int) -> dict[int,
     parallel.run_tasks(task, len(todo), workers)
     found.update({i: _figures(rows[k]) for k, i in enumerate(todo) if rows[k, 0] == 1})
     return found
+
+
+#: bytes of one tensor's layout checks as JSON in shared memory; a longer list is run
+#: again in the parent.  Tensors go to the workers in batches of ``CHECK_BATCH``.
+CHECK_BYTES = 1 << 16
+CHECK_BATCH = 256
+
+
+def layout_checks_all(quantized: list, scan, workers: int) -> dict[int, list]:
+    """index -> the layout checks (``layout_checks.CHECKS``, ``None``s dropped) of every
+    readable tensor, run on ``workers`` forked workers, tensor i on worker i % workers,
+    each writing its checks as JSON into shared memory (empty with one worker: the parent
+    runs them in turn).  The checks read samples of the tensor (nibble order, the MX scale
+    rule), so they cost as much as a share of the pass and run beside it."""
+    import json
+
+    from fmtcli.audit import checks as generic
+    from fmtcli.audit import layout_checks
+    from fmtcli.audit.check import Check, Verdict
+    from fmtcli.streaming import parallel
+
+    readable = [i for i, q in enumerate(quantized) if not q.problems]
+    if workers <= 1 or len(readable) < 2 or not parallel.can_fork():
+        return {}
+    found: dict[int, list] = {}
+    for start in range(0, len(readable), CHECK_BATCH):
+        batch = readable[start:start + CHECK_BATCH]
+        slots = parallel.shared_array((len(batch), CHECK_BYTES), np.uint8)
+
+        def task(item: int, worker: int, batch=batch, slots=slots) -> int:
+            q = quantized[batch[item]]
+            listed = [generic.run_check(check, q, scan) for check in layout_checks.CHECKS]
+            text = json.dumps([c.to_dict() for c in listed if c is not None]).encode()
+            if len(text) < CHECK_BYTES:  # else left empty: run again in the parent
+                slots[item, :len(text)] = np.frombuffer(text, dtype=np.uint8)
+            return 1
+
+        parallel.run_tasks(task, len(batch), workers)
+        for k, i in enumerate(batch):
+            raw = bytes(slots[k]).rstrip(b"\0")
+            if raw:
+                found[i] = [Check(c["name"], Verdict(c["verdict"]), c["evidence"],
+                                  c["figures"]) for c in json.loads(raw)]
+    return found

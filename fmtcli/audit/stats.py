@@ -175,6 +175,28 @@ def _group_counts(codes: np.ndarray, tile: tuple[int, int], top: float, below: f
             far)
 
 
+def stored_counts(raw, rows: int, cols: int, tile: tuple[int, int], top: float,
+                  below: float, low: float = math.nan):
+    """The compiled kernel's figures of one ``RawChunk`` (``numerics/_native.c``
+    ``code_stats``): (tiles (7, tile rows, tile columns): amax, at_max, at_below,
+    nonzero, size, far, at_low; values (5,): count, zeros, nonfinite, amax, sum of
+    squares), or None where the kernel is absent or leaves the chunk to numpy."""
+    from fmtcli.numerics import native
+
+    kernel = native.module()
+    shape = (-(-rows // tile[0]), -(-cols // tile[1]))
+    grid = np.ascontiguousarray(raw.grid, dtype=np.float64)
+    if kernel is None or grid.shape != shape or (raw.packing and (cols % 2 or tile[1] % 2)):
+        return None
+    tiles, vals = np.empty((7,) + shape), np.empty(5)
+    if not kernel.code_stats(np.ascontiguousarray(raw.codes, dtype=np.uint8),
+                             np.ascontiguousarray(raw.table, dtype=np.float64), grid,
+                             (rows, cols, tile[0], tile[1], raw.packing),
+                             (raw.mul, raw.div, top, below, low), tiles, vals):
+        return None
+    return tiles, vals
+
+
 class Pass:
     """One tensor's streamed pass: ``add(r0, r1)`` per chunk, then ``values()`` and
     ``codes()``."""
@@ -203,6 +225,8 @@ class Pass:
                 yield r0, min(m1, r0 + step), m1
 
     def add(self, r0: int, r1: int, matrix_end: int) -> None:
+        if self._add_stored(r0, r1, r1 == matrix_end):
+            return
         x = self.q.read(slice(r0, r1), slice(0, self.cols)).ravel()
         self.count += x.size
         self.zeros += int(np.count_nonzero(x == 0))
@@ -219,11 +243,46 @@ class Pass:
         if self.top is not None and self.q.elements_reader is not None:
             self._codes(self.q.elements_reader(r0, r1), r1 == matrix_end)
 
+    def _add_stored(self, r0: int, r1: int, last: bool) -> bool:
+        """``add`` by the compiled kernel from the stored codes (``Quantized.raw_reader``:
+        ``numerics/_native.c`` ``code_stats``, one pass, the same figures); False where
+        the layout, the kernel or the chunk's shape leaves it to the numpy passes."""
+        if self.q.raw_reader is None or r1 <= r0 or not self.cols:
+            return False
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            raw = self.q.raw_reader(r0, r1)
+        if raw is None:
+            return False
+        rows = r1 - r0
+        tile = (rows if self.spanning else self.tile[0], self.tile[1])
+        top, below = (self.top, self.below) if self.top is not None else (math.inf, math.inf)
+        found = stored_counts(raw, rows, self.cols, tile, top, below)
+        if found is None:
+            return False
+        tiles, vals = found
+        count = int(vals[0])
+        self.count += count
+        self.zeros += int(vals[1])
+        self.nonfinite += int(vals[2])
+        if count > int(vals[2]):
+            self.amax = max(self.amax, float(vals[3]))
+        self.squares += float(vals[4])
+        if self.top is not None and self.q.elements_reader is not None:
+            self.elements += count
+            self._counted([tiles[0].astype(np.float32), *tiles[1:5].astype(np.int64),
+                           tiles[5].astype(np.float32)], last)
+        return True
+
     def _codes(self, codes: np.ndarray, last: bool) -> None:
         codes = np.asarray(codes, dtype=np.float32).reshape(-1, self.cols)
         self.elements += codes.size
         tile = (codes.shape[0] if self.spanning else self.tile[0], self.tile[1])
-        counts = _group_counts(codes, tile, self.top, self.below, not self.spanning)
+        self._counted(_group_counts(codes, tile, self.top, self.below, not self.spanning),
+                      last)
+
+    def _counted(self, counts, last: bool) -> None:
+        """One chunk's per-tile (amax, at_max, at_below, nonzero, size, far): closed, or
+        merged into a group that spans the matrix."""
         if not self.spanning:
             self._close(*(c.ravel() for c in counts))
             return

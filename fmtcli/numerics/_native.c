@@ -950,6 +950,248 @@ static PyObject *simd(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- fmt audit: a quantized chunk's statistics from its stored codes ----
+ *
+ * audit/stats.py's two passes over a chunk of an already-quantized tensor (its dequantized
+ * values, and its element codes counted per scale group) in one pass over the stored
+ * bytes, without building either float array.  ``codes`` holds rows x cols elements: one
+ * byte each (FP8), or two FP4 nibbles a byte (packing 1: the low nibble first, 2: the high
+ * one).  ``table`` gives each code's element value (16 or 256 float64; NaN for a NaN
+ * code).  The chunk is cut into tiles tr x tc (edges short), tile (i, j) having the
+ * dequantization multiplier grid[i * nbc + j]: an element's value is
+ *
+ *     x = (float)(((table[code] * grid) * mul) / div)
+ *
+ * formed in float64 and rounded to float32 once, as the readers form it (every reader's
+ * product is exact in float64: a code of at most 4 significant bits times a float32 or
+ * float8 scale times a float32 factor; compressed-tensors' NVFP4 divides by its global
+ * scale, rounded in float64 first, then to float32, as its reader does).  Per tile the
+ * codes are counted in a histogram, with a bitmap of the codes present, so each distinct
+ * code's value is formed once per tile: a 128 x 128 FP8 tile is 16,384 increments and
+ * its distinct codes, an NVFP4 block of 16 at most 16.
+ *
+ * Per tile, into tiles_out (7 rows of nbr * nbc float64): the largest |code| (NaN and inf
+ * codes count as 0, as stats._group_counts counts them), the codes with |code| >= top,
+ * those with |code| == below, the nonzero codes, the tile's elements, "far" = 2 top - the
+ * smallest nonzero |code| (0 where none), and the codes with |code| == low (the code near
+ * half the max that mx-scale-rule counts).  Into values_out (5 float64): the count, the
+ * exact zeros of x, the non-finite x, the largest finite |x|, and the sum of the finite x
+ * squared (per tile in float64, then over tiles: not numpy's order, so its last digits
+ * may differ from the numpy path's).  Returns False (nothing written) where the
+ * histograms would exceed CODE_HIST_CELLS cells (a tile row of millions of one-column
+ * tiles): the caller keeps the numpy path.  Packed codes need even cols and tc.
+ */
+
+#define CODE_HIST_CELLS (1 << 22)
+
+/* The values of dn codes of value t under multiplier g: added to vals[] (zeros,
+ * nonfinite, amax, sum of squares at 1..4). */
+static inline void code_values(double t, double g, double mul, double div, int scaled,
+                               double dn, double *vals)
+{
+    double p = t * g;
+    float x = scaled ? (float)((p * mul) / div) : (float)p;
+    if (!isfinite(x)) {
+        vals[2] += dn;
+        return;
+    }
+    double a = fabs((double)x);
+    if (a == 0) vals[1] += dn;
+    if (a > vals[3]) vals[3] = a;
+    vals[4] += dn * (a * a);
+}
+
+/* Tiles share their multipliers (an NVFP4 chunk has at most 256 distinct E4M3 block
+ * scales, an MX one 256 E8M0 ones): the codes are counted per distinct multiplier in an
+ * open-addressed table of CODE_SLOTS (keyed by the multiplier's bits, every NaN one key),
+ * and each (multiplier, code) value is formed once per chunk, not once per tile.  The
+ * table is flushed into the values when half full, so any grid is right; it pays where
+ * multipliers repeat, and costs little where they do not (a 128 x 128 tile per slot). */
+#define CODE_SLOTS 512
+
+typedef struct {
+    uint64_t key[CODE_SLOTS];
+    double g[CODE_SLOTS];
+    unsigned char busy[CODE_SLOTS];
+    int used[CODE_SLOTS];
+    int n_used, ncodes, scaled;
+    double mul, div;
+    const double *table;
+    Py_ssize_t *counts;  /* CODE_SLOTS x ncodes */
+} code_table;
+
+static void code_table_flush(code_table *ct, double *vals)
+{
+    for (int u = 0; u < ct->n_used; u++) {
+        int slot = ct->used[u];
+        Py_ssize_t *row = ct->counts + (Py_ssize_t)slot * ct->ncodes;
+        for (int c = 0; c < ct->ncodes; c++) {
+            if (!row[c]) continue;
+            code_values(ct->table[c], ct->g[slot], ct->mul, ct->div, ct->scaled,
+                        (double)row[c], vals);
+            row[c] = 0;
+        }
+        ct->busy[slot] = 0;
+    }
+    ct->n_used = 0;
+}
+
+static Py_ssize_t *code_table_row(code_table *ct, double g, double *vals)
+{
+    uint64_t key;
+    memcpy(&key, &g, 8);
+    if (isnan(g)) key = 0x7ff8000000000000ull;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int slot = (int)((key * 0x9E3779B97F4A7C15ull) >> 55) & (CODE_SLOTS - 1);
+        while (ct->busy[slot] && ct->key[slot] != key) slot = (slot + 1) & (CODE_SLOTS - 1);
+        if (ct->busy[slot]) return ct->counts + (Py_ssize_t)slot * ct->ncodes;
+        if (ct->n_used < CODE_SLOTS / 2) {
+            ct->busy[slot] = 1;
+            ct->key[slot] = key;
+            ct->g[slot] = g;
+            ct->used[ct->n_used++] = slot;
+            return ct->counts + (Py_ssize_t)slot * ct->ncodes;
+        }
+        code_table_flush(ct, vals);
+    }
+    return NULL;  /* not reached: an empty table always has room */
+}
+
+/* One tile's histogram (and the bitmap of the codes it holds) closed: its seven figures
+ * into tile[], its counts into the multiplier's row of ct; both left zero.  mag[c]:
+ * |table[c]|, 0 for NaN/inf codes. */
+static void code_tile_close(Py_ssize_t *hist, uint64_t *present, int words,
+                            const double *mag, double top, double below, double low,
+                            Py_ssize_t *row, double *tile)
+{
+    double amax = 0, at_max = 0, at_below = 0, at_low = 0, nonzero = 0, size = 0, far = 0;
+    for (int w = 0; w < words; w++) {
+        uint64_t bits = present[w];
+        present[w] = 0;
+        while (bits) {
+            int c = w * 64 + __builtin_ctzll(bits);
+            bits &= bits - 1;
+            Py_ssize_t k = hist[c];
+            hist[c] = 0;
+            row[c] += k;
+            double dn = (double)k, m = mag[c];
+            size += dn;
+            if (m > amax) amax = m;
+            if (m >= top) at_max += dn;
+            if (m == below) at_below += dn;
+            if (m == low) at_low += dn;
+            if (m != 0) {
+                nonzero += dn;
+                if (2 * top - m > far) far = 2 * top - m;
+            }
+        }
+    }
+    tile[0] = amax; tile[1] = at_max; tile[2] = at_below; tile[3] = nonzero;
+    tile[4] = size; tile[5] = far; tile[6] = at_low;
+}
+
+static PyObject *code_stats(PyObject *self, PyObject *args)
+{
+    PyObject *co, *to, *go, *tiles_o, *vals_o;
+    Py_ssize_t rows, cols, tr, tc;
+    int packing;
+    double mul, div, top, below, low;
+    if (!PyArg_ParseTuple(args, "OOO(nnnni)(ddddd)OO", &co, &to, &go, &rows, &cols, &tr,
+                          &tc, &packing, &mul, &div, &top, &below, &low, &tiles_o, &vals_o))
+        return NULL;
+    Py_ssize_t n = checked_size(rows, cols);
+    if (n < 0) return NULL;
+    if (tr < 1 || tc < 1 || packing < 0 || packing > 2 || (packing && (cols % 2 || tc % 2))) {
+        PyErr_SetString(PyExc_ValueError, "bad shape");
+        return NULL;
+    }
+    int ncodes = packing ? 16 : 256, words = packing ? 1 : 4;
+    Py_ssize_t nbr = (rows + tr - 1) / tr, nbc = (cols + tc - 1) / tc;
+    if (nbc > CODE_HIST_CELLS / ncodes) Py_RETURN_FALSE;
+    Py_ssize_t bytes_per_row = packing ? cols / 2 : cols;
+    Py_buffer cb, tb, gb, ob, vb;
+    if (get_buffer(co, &cb, 0, "B", 1, rows * bytes_per_row, "codes") < 0) return NULL;
+    if (get_buffer(to, &tb, 0, "d", 8, ncodes, "table") < 0) goto fail_c;
+    if (get_buffer(go, &gb, 0, "d", 8, nbr * nbc, "grid") < 0) goto fail_t;
+    if (get_buffer(tiles_o, &ob, 1, "d", 8, 7 * nbr * nbc, "tiles_out") < 0) goto fail_g;
+    if (get_buffer(vals_o, &vb, 1, "d", 8, 5, "values_out") < 0) goto fail_o;
+    Py_ssize_t *hist = PyMem_Calloc((size_t)(nbc * ncodes), sizeof(Py_ssize_t));
+    uint64_t *present = PyMem_Calloc((size_t)(nbc * words), sizeof(uint64_t));
+    code_table *ct = PyMem_Calloc(1, sizeof(code_table));
+    Py_ssize_t *slot_counts = PyMem_Calloc((size_t)CODE_SLOTS * ncodes, sizeof(Py_ssize_t));
+    if (!hist || !present || !ct || !slot_counts) {
+        PyMem_Free(hist);
+        PyMem_Free(present);
+        PyMem_Free(ct);
+        PyMem_Free(slot_counts);
+        PyErr_NoMemory();
+        goto fail_v;
+    }
+    ct->counts = slot_counts;
+    ct->ncodes = ncodes;
+    ct->table = (const double *)tb.buf;
+    ct->mul = mul;
+    ct->div = div;
+    ct->scaled = mul != 1.0 || div != 1.0;
+    const uint8_t *codes = (const uint8_t *)cb.buf;
+    const double *table = (const double *)tb.buf, *grid = (const double *)gb.buf;
+    double *tiles = (double *)ob.buf, *vals = (double *)vb.buf;
+    double mag[256], tile[7], acc[5] = {(double)n, 0, 0, 0, 0};
+    for (int c = 0; c < ncodes; c++) {
+        mag[c] = fabs(table[c]);
+        if (!isfinite(mag[c])) mag[c] = 0;
+    }
+    int lo_shift = packing == 2 ? 4 : 0, hi_shift = 4 - lo_shift;
+    for (Py_ssize_t bi = 0; bi < nbr; bi++) {
+        Py_ssize_t r1 = (bi + 1) * tr < rows ? (bi + 1) * tr : rows;
+        for (Py_ssize_t r = bi * tr; r < r1; r++) {
+            const uint8_t *row = codes + r * bytes_per_row;
+            for (Py_ssize_t b = 0; b < nbc; b++) {
+                Py_ssize_t *h = hist + b * ncodes;
+                Py_ssize_t j1 = (b + 1) * tc < cols ? (b + 1) * tc : cols;
+                if (!packing) {
+                    uint64_t *p = present + b * 4;
+                    for (Py_ssize_t j = b * tc; j < j1; j++) {
+                        uint8_t c = row[j];
+                        h[c]++;
+                        p[c >> 6] |= (uint64_t)1 << (c & 63);
+                    }
+                } else {  /* tc even: a byte never straddles two tiles */
+                    uint64_t p = present[b];
+                    for (Py_ssize_t j = b * tc >> 1; j < j1 >> 1; j++) {
+                        uint8_t c0 = (row[j] >> lo_shift) & 15, c1 = (row[j] >> hi_shift) & 15;
+                        h[c0]++;
+                        h[c1]++;
+                        p |= ((uint64_t)1 << c0) | ((uint64_t)1 << c1);
+                    }
+                    present[b] = p;
+                }
+            }
+        }
+        for (Py_ssize_t b = 0; b < nbc; b++) {
+            Py_ssize_t *row = code_table_row(ct, grid[bi * nbc + b], acc);
+            code_tile_close(hist + b * ncodes, present + b * words, words, mag, top,
+                            below, low, row, tile);
+            for (int k = 0; k < 7; k++) tiles[k * nbr * nbc + bi * nbc + b] = tile[k];
+        }
+    }
+    code_table_flush(ct, acc);
+    memcpy(vals, acc, sizeof(acc));
+    PyMem_Free(hist);
+    PyMem_Free(present);
+    PyMem_Free(ct);
+    PyMem_Free(slot_counts);
+    PyBuffer_Release(&vb); PyBuffer_Release(&ob); PyBuffer_Release(&gb);
+    PyBuffer_Release(&tb); PyBuffer_Release(&cb);
+    Py_RETURN_TRUE;
+fail_v: PyBuffer_Release(&vb);
+fail_o: PyBuffer_Release(&ob);
+fail_g: PyBuffer_Release(&gb);
+fail_t: PyBuffer_Release(&tb);
+fail_c: PyBuffer_Release(&cb);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"tile_amax", tile_amax, METH_VARARGS,
      "tile_amax(x, rows, cols, tr, tc, out, kind=0): max |x| of each tile as float32 (kind: "
@@ -967,6 +1209,10 @@ static PyMethodDef methods[] = {
      "amax_scales(amax, out, n, fmax, factor): scaling.amax_to_scale's amax rule (float32)"},
     {"distinct_bits", distinct_bits, METH_VARARGS,
      "distinct_bits(bits, n, limit, out) -> count: distinct 32-bit patterns, up to limit"},
+    {"code_stats", code_stats, METH_VARARGS,
+     "code_stats(codes, table, grid, (rows, cols, tr, tc, packing), (mul, div, top, below, "
+     "low), tiles_out, values_out) -> bool: fmt audit's per-tile code counts and value statistics "
+     "of a chunk of stored codes (False: too many tiles, nothing written)"},
     {"simd", simd, METH_VARARGS,
      "simd(on): the hand-vectorised float16/bfloat16 paths (where the CPU has them) or the "
      "portable code alone"},

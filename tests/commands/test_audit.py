@@ -474,12 +474,15 @@ def test_the_pass_reads_whole_groups_in_bounded_chunks(healthy):
     """No read spans more than the chunk (or one row of tiles); the rows are read once."""
     q, scan = _scanned(healthy)
     calls = []
-    rows_reader = q.rows_reader
 
-    def spy(r0, r1):
-        calls.append((r0, r1))
-        return rows_reader(r0, r1)
-    q.rows_reader = spy
+    def spy(reader):
+        def read(r0, r1):
+            calls.append((r0, r1))
+            return reader(r0, r1)
+        return read
+    # the pass reads the stored codes (raw_reader, the compiled kernel) or, without the
+    # kernel, the dequantized rows: whichever it reads, whole tile rows once
+    q.rows_reader, q.raw_reader = spy(q.rows_reader), spy(q.raw_reader)
     stats.measure(q, chunk_elements=TILE * 300)  # 128 rows of 300: one row of tiles
     assert calls == [(0, 128), (128, 200)]
     calls.clear()

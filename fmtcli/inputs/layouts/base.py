@@ -64,6 +64,10 @@ class Quantized:
       storage (E8M0 bytes as powers of two, float8 as its values), in their stored shape
       and the layout's own direction (``facts["scale_direction"]``); for two-level
       layouts (NVFP4) the per-block scales, the global one being ``parts["global_scale"]``.
+    - ``raw_reader``: ``(r0, r1) -> RawChunk`` or None, the same rows as stored (codes and
+      per-tile multipliers), where the layout's dequantization is ``RawChunk``'s formula:
+      what ``fmt audit``'s compiled pass reads instead of the two float arrays.  Its
+      values equal ``rows_reader``'s to the bit (tests/inputs/test_layout_raw.py).
     - ``problems``: what makes the group unreadable (a scale grid of the wrong shape, a
       packed tensor too short), each one line; ``read`` refuses with the first, and
       ``fmt audit`` reports them as failed checks.  Readers never raise while claiming.
@@ -82,6 +86,7 @@ class Quantized:
     elements_reader: Callable[[int, int], np.ndarray] | None = field(default=None, repr=False)
     scales_reader: Callable[[], np.ndarray] | None = field(default=None, repr=False)
     problems: list[str] = field(default_factory=list)
+    raw_reader: Callable[[int, int], RawChunk | None] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -150,6 +155,29 @@ def _itemsize(dtype: str) -> float:
     from fmtcli.inputs.storage import itemsize
 
     return itemsize(dtype)
+
+
+@dataclass(frozen=True)
+class RawChunk:
+    """Rows ``r0:r1`` of a quantized tensor's matrix view as stored, for a pass that reads
+    codes, not floats (``numerics/_native.c`` ``code_stats``).
+
+    - ``codes``: uint8 (rows, cols) one code a byte, or (rows, cols / 2) two FP4 codes a
+      byte (``packing`` 1: the low nibble first, 2: the high one; 0: a byte each);
+    - ``table``: float64, each code's element value (16 or 256 entries; NaN codes NaN);
+    - ``grid``: float64, the dequantization multiplier of each scale tile of the chunk
+      (one row per tile row it covers, one column per tile column);
+    - ``mul``, ``div``: one factor of the whole chunk each (NVFP4's second level).
+
+    Element ``x = float32(((table[code] * grid[tile]) * mul) / div)``, each step in float64:
+    the reader's own decoding, which ``rows_reader`` gives as floats."""
+
+    codes: np.ndarray
+    packing: int
+    table: np.ndarray
+    grid: np.ndarray
+    mul: float = 1.0
+    div: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +259,16 @@ def e8m0_values(codes: np.ndarray) -> np.ndarray:
 #: The 16 values of FP4 E2M1 (OCP MX v1.0: +-0, 0.5, 1, 1.5, 2, 3, 4, 6), by 4-bit code
 #: (bit 3 is the sign): the registry's ``float4_e2m1fn`` decoded, as float32.
 FP4_VALUES = all_values(get_format("float4_e2m1fn")).astype(np.float32)
+
+
+#: FP4_VALUES and every one-byte float's values by code, as float64 (``RawChunk.table``)
+FP4_TABLE = FP4_VALUES.astype(np.float64)
+
+
+def byte_table(element: str) -> np.ndarray:
+    """The float64 value of each of the 256 codes of a one-byte float format by fmt's name
+    (``float8_e4m3fn``: 0x7f and 0xff NaN), from the registry."""
+    return all_values(get_format(element)).astype(np.float64)
 
 
 #: (order, byte) -> the byte's two FP4 values in order: [0] low nibble first, [1] high

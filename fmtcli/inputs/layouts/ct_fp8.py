@@ -49,7 +49,7 @@ import re
 
 import numpy as np
 
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized
+from fmtcli.inputs.layouts.base import Checkpoint, Quantized, RawChunk, byte_table
 from fmtcli.inputs.layouts.lookup import byte_float_values, per_block, tile_rows
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -263,9 +263,9 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales) -> Quantized:
              "symmetric": "zero_point" not in parts,
              "quant_method": (checkpoint.config or {}).get("quant_method"),
              "tile": list(tile), "zero_point": "zero_point" in parts}
-    rows, elements, grid = _readers(parts, shape, strategy, tile)
+    rows, elements, grid, raw = _readers(parts, shape, strategy, tile)
     return Quantized(NAME, codes.key, codes.source, shape, codes.dtype, scales.dtype,
-                     group, parts, rows, facts, elements, grid, problems)
+                     group, parts, rows, facts, elements, grid, problems, raw)
 
 
 def _readers(parts: dict, shape: tuple[int, ...], strategy: str, tile: tuple[int, int]):
@@ -298,4 +298,13 @@ def _readers(parts: dict, shape: tuple[int, ...], strategy: str, tile: tuple[int
     def scales_reader() -> np.ndarray:
         return values_of(parts["scales"]).astype(np.float32)
 
-    return rows_reader, elements_reader, scales_reader
+    def raw_reader(r0: int, r1: int) -> RawChunk | None:
+        element = parts["codes"].dtype
+        if "zero" in grids() or element not in ("float8_e4m3fn", "float8_e5m2"):
+            return None  # integers (not sign-magnitude) and zero points: the float path
+        stored = parts["codes"].stored().reshape(matrix_shape(shape))[r0:r1]
+        grid = tile_rows(grids()["scale"], np.arange(r0, r1, tile[0]), height, tile[0])
+        return RawChunk(np.asarray(stored).view(np.uint8), 0, byte_table(element),
+                        np.asarray(grid, dtype=np.float64))
+
+    return rows_reader, elements_reader, scales_reader, raw_reader

@@ -40,7 +40,15 @@ import math
 
 import numpy as np
 
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, e8m0_values, unpack_fp4
+from fmtcli.inputs.layouts.base import (
+    FP4_TABLE,
+    Checkpoint,
+    Quantized,
+    RawChunk,
+    byte_table,
+    e8m0_values,
+    unpack_fp4,
+)
 from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling
 from fmtcli.inputs.layouts.lookup import byte_float_values, per_block
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
@@ -135,10 +143,11 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales, element: str)
              "block": GROUP}
     if element == "float4_e2m1fn":
         facts["nibble_order"] = "low-first"
-    rows, elements, grid = _readers(codes, scales, shape, element)
+    rows, elements, grid, raw = _readers(codes, scales, shape, element)
     key = sibling(module, "weight")
     return Quantized(NAME, key, codes.source, shape, element, "e8m0",
-                     ScaleGroup("block", GROUP), parts, rows, facts, elements, grid, problems)
+                     ScaleGroup("block", GROUP), parts, rows, facts, elements, grid, problems,
+                     raw)
 
 
 def _readers(codes, scales, shape: tuple[int, ...], element: str):
@@ -167,4 +176,15 @@ def _readers(codes, scales, shape: tuple[int, ...], element: str):
         per = e8m0_values(grid_bytes().reshape(rows_total, -1)[r0:r1])
         return per_block(values, per, GROUP)
 
-    return rows_reader, elements_reader, grid
+    def raw_reader(r0: int, r1: int) -> RawChunk | None:
+        if element not in ("float4_e2m1fn", "float8_e4m3fn", "float8_e5m2"):
+            return None
+        per = e8m0_values(grid_bytes().reshape(rows_total, -1)[r0:r1]).astype(np.float64)
+        stored = codes.stored()
+        if element == "float4_e2m1fn":
+            packed = stored.reshape(rows_total, cols // 2)[r0:r1]
+            return RawChunk(np.asarray(packed), 1, FP4_TABLE, per)
+        found = np.asarray(stored.reshape(rows_total, cols)[r0:r1]).view(np.uint8)
+        return RawChunk(found, 0, byte_table(element), per)
+
+    return rows_reader, elements_reader, grid, raw_reader

@@ -49,7 +49,15 @@ import numpy as np
 
 from fmtcli.base.dtypes import ITEMSIZES
 from fmtcli.base.errors import DataError
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, refuse_rows, unpack_fp4, values_of
+from fmtcli.inputs.layouts.base import (
+    FP4_TABLE,
+    Checkpoint,
+    Quantized,
+    RawChunk,
+    refuse_rows,
+    unpack_fp4,
+    values_of,
+)
 from fmtcli.inputs.layouts.ct_fp8 import config_entry, module_of, sibling, siblings
 from fmtcli.inputs.layouts.lookup import per_block
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
@@ -185,7 +193,7 @@ def _quantized(module: str, parts: dict, config: dict | None) -> Quantized:
                      scale.dtype if scale is not None else "float8_e4m3fn",
                      ScaleGroup("block", group), parts,
                      readers.get("rows", refuse_rows), facts, readers.get("elements"),
-                     readers.get("scales"), problems)
+                     readers.get("scales"), problems, readers.get("raw"))
 
 
 def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) -> dict:
@@ -219,6 +227,15 @@ def _readers(parts: dict, shape: tuple[int, ...], group: int, glob: np.ndarray) 
             values /= glob[np.arange(a, b) // shape[-2]][:, None]
         return values.astype(np.float32)
 
+    def raw(r0: int, r1: int) -> RawChunk | None:
+        if "zero_point" in parts or matrix_shape(shape)[1] != width:
+            return None
+        packed = parts["codes"].stored().reshape(-1, width // 2)
+        scale = np.asarray(arrays()["scales"][r0:r1], dtype=np.float64)
+        div = glob[0] if glob.size == 1 else glob[r0 // shape[-2]]
+        return RawChunk(np.asarray(packed[r0:r1]), 1, FP4_TABLE, scale, 1.0, float(div))
+
     return {"rows": lambda r0, r1: rows_of_lines(dequantized, r0, r1, shape),
+            "raw": raw,
             "elements": lambda r0, r1: rows_of_lines(codes, r0, r1, shape),
             "scales": lambda: values_of(parts["scales"])}

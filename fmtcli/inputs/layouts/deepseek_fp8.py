@@ -33,6 +33,8 @@ import numpy as np
 from fmtcli.inputs.layouts.base import (
     Checkpoint,
     Quantized,
+    RawChunk,
+    byte_table,
     e8m0_values,
 )
 from fmtcli.inputs.layouts.ct_nvfp4 import rows_of_lines
@@ -127,7 +129,16 @@ def _quantized(codes, scales, tile, config) -> Quantized:
     def rows_reader(r0: int, r1: int) -> np.ndarray:
         return by_view(r0, r1, True)
 
+    def raw_reader(r0: int, r1: int) -> RawChunk | None:
+        if matrix_shape(shape)[1] != cols or codes.dtype != "float8_e4m3fn":
+            return None
+        stored = np.asarray(codes.stored()).reshape(-1, cols)[r0:r1]
+        grid = tile_rows(load()["grid"], np.arange(r0, r1, tile[0]), height, tile[0])
+        return RawChunk(stored.view(np.uint8), 0, byte_table("float8_e4m3fn"),
+                        np.asarray(grid, dtype=np.float64))
+
     return Quantized(NAME, codes.key, codes.source, shape, "float8_e4m3fn",
                      "e8m0" if scales.dtype in ("uint8", "float8_e8m0fnu") else scales.dtype,
                      ScaleGroup("tile", tile=tile), {"codes": codes, "scales": scales},
-                     rows_reader, facts, elements_reader, lambda: load()["grid"], problems)
+                     rows_reader, facts, elements_reader, lambda: load()["grid"], problems,
+                     raw_reader)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, e8m0_values
+from fmtcli.inputs.layouts.base import FP4_TABLE, Checkpoint, Quantized, RawChunk, e8m0_values
 from fmtcli.inputs.layouts.fp4_blocks import dequantized_rows, fp4_values, row_span
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
@@ -106,6 +106,13 @@ def _quantized(base: str, codes, scales, facts) -> Quantized:
         a, b = row_span(r0, r1, cols, width)
         return fp4_values(packed(), a, b).reshape(r1 - r0, cols)
 
+    def raw_reader(r0: int, r1: int) -> RawChunk | None:
+        if cols != width:
+            return None
+        grid = e8m0_values(load()["bytes"].reshape(-1, groups)[r0:r1])
+        return RawChunk(np.asarray(packed()[r0:r1]), 1, FP4_TABLE, grid)
+
     return Quantized(NAME, base, codes.source, shape, "float4_e2m1fn", "e8m0",
                      ScaleGroup("block", BLOCK), {"codes": codes, "scales": scales},
-                     rows_reader, facts, elements_reader, scales_reader, problems)
+                     rows_reader, facts, elements_reader, scales_reader, problems,
+                     raw_reader)

@@ -39,7 +39,14 @@ from __future__ import annotations
 import numpy as np
 
 from fmtcli.inputs.checkpoints import config_folder
-from fmtcli.inputs.layouts.base import Checkpoint, Quantized, json_object, values_of
+from fmtcli.inputs.layouts.base import (
+    FP4_TABLE,
+    Checkpoint,
+    Quantized,
+    RawChunk,
+    json_object,
+    values_of,
+)
 from fmtcli.inputs.layouts.fp4_blocks import dequantized_rows, fp4_values, row_span
 from fmtcli.inputs.layouts.lookup import byte_float_values
 from fmtcli.inputs.storage import as_values
@@ -171,9 +178,18 @@ def _nvfp4(checkpoint, key, codes, scales, facts) -> Quantized:
     def scales_reader() -> np.ndarray:
         return values_of(scales).astype(np.float32)
 
+    def raw_reader(r0: int, r1: int) -> RawChunk | None:
+        if cols != width:
+            return None
+        packed = codes.stored().reshape(-1, codes.shape[-1])
+        grid = as_values(scales.stored()).reshape(-1, scales.shape[-1])
+        mul = np.asarray(factor(r0, r1), dtype=np.float64).reshape(-1)
+        return RawChunk(np.asarray(packed[r0:r1]), 1, FP4_TABLE,
+                        np.asarray(grid[r0:r1], dtype=np.float64), float(mul[0]))
+
     return Quantized(NAME, key, codes.source, shape, "float4_e2m1fn", "float8_e4m3fn",
                      ScaleGroup("block", size), parts, rows_reader, facts,
-                     elements_reader, scales_reader, problems)
+                     elements_reader, scales_reader, problems, raw_reader)
 
 
 def _mislabelled(checkpoint, key, codes, scales, facts) -> Quantized:
