@@ -71,8 +71,10 @@ def run_fmt(*args, env: dict | None = None, stdout=subprocess.PIPE, close_stdout
 #: the end of each command's output in run_fmt_each's streams
 SEPARATOR = "\n=== next command ===\n"
 _EACH = f"""
-import json, os, sys
+import importlib, json, os, sys
 import fmtcli.cli
+for module in json.loads(sys.argv[2]):
+    importlib.import_module(module)
 codes = []
 for args, env in json.loads(sys.argv[1]):
     sys.stdout.flush()
@@ -97,8 +99,8 @@ print(json.dumps(codes))
 """
 
 
-def run_fmt_each(commands: list, env: dict | None = None,
-                 timeout: float = 240) -> list[tuple[int, bytes, bytes]]:
+def run_fmt_each(commands: list, env: dict | None = None, timeout: float = 240,
+                 preload: tuple[str, ...] = ()) -> list[tuple[int, bytes, bytes]]:
     """(exit code, stdout, stderr) of each command of ``commands`` (lists of arguments, or
     (arguments, environment) pairs), run as ``python -m fmtcli`` does in ONE interpreter
     started with ``env`` merged over the environment (no FMT_TRACEBACK, COLUMNS=80 unless
@@ -106,13 +108,17 @@ def run_fmt_each(commands: list, env: dict | None = None,
     before any ran, so each starts from a fresh command's state and from the streams Python
     set up at start-up.  A command's own environment (None unsets) is applied in its child:
     only for what is read while a command runs (COLUMNS), not at start-up (the locale,
-    PYTHONIOENCODING).  One interpreter start instead of one per command."""
+    PYTHONIOENCODING).  One interpreter start instead of one per command.  ``preload``:
+    modules that interpreter imports before the first fork, so that no child imports them
+    again (third-party libraries slow to import: ml_dtypes takes ~1.3 s on this project's
+    machines, most of a small command's time); fmt's own modules are still imported by each
+    command as it runs.  What a preload prints lands in the first command's streams."""
     environment = {**os.environ, "COLUMNS": "80", **(env or {})}
     environment.pop("FMT_TRACEBACK", None)
     environment = {k: v for k, v in environment.items() if v is not None}
     pairs = [(list(map(str, c)), {}) if isinstance(c, list) else (list(map(str, c[0])), c[1])
              for c in commands]
-    done = subprocess.run([sys.executable, "-c", _EACH, json.dumps(pairs)],
+    done = subprocess.run([sys.executable, "-c", _EACH, json.dumps(pairs), json.dumps(preload)],
                           capture_output=True, env=environment, timeout=timeout)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     *outputs, codes = done.stdout.split(SEPARATOR.encode())
