@@ -23,13 +23,14 @@ import json
 import math
 import os
 import struct
+import subprocess
 import warnings
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from cli_helpers import run_fmt, strict_loads
+from cli_helpers import run_fmt_each, strict_loads
 
 from fmtcli.base.errors import DataError
 from fmtcli.inputs import layouts
@@ -1113,13 +1114,32 @@ def test_cli_in_process(tmp_path, case):
     judged(result, args, before)
 
 
+@pytest.fixture(scope="module")
+def fresh_runs(request, tmp_path_factory) -> dict:
+    """case -> (args, what --out's folder held before, the run) of each CLI case this
+    session runs as a user runs it: each case written in a folder of its own, then every
+    command through ``cli_helpers.run_fmt_each`` (one interpreter, each command in a child
+    forked from it, default workers; numpy and ml_dtypes imported once before the forks,
+    ml_dtypes' import being most of a small command's time; fmt's own modules imported by
+    each child as ``python -m fmtcli`` imports them); 60 s a command at most, in all."""
+    chosen = {item.callspec.params["case"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_cli_fresh_process"}
+    names = [case for case in CLI_CASES if case in chosen]
+    cases = {}
+    for case in names:
+        args = [str(a) for a in CLI_CASES[case](tmp_path_factory.mktemp(case))]
+        cases[case] = args, snapshot(args)
+    ran = run_fmt_each([cases[case][0] for case in names], timeout=60 * max(1, len(names)),
+                       preload=("numpy", "ml_dtypes"))
+    return {case: (*cases[case], subprocess.CompletedProcess(cases[case][0], code, out, err))
+            for case, (code, out, err) in zip(names, ran)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CLI_CASES))
-def test_cli_fresh_process(tmp_path, case):
-    """The CLI cases as a user runs them (a fresh process, 60 s at most, default workers)."""
-    args = [str(a) for a in CLI_CASES[case](tmp_path)]
-    before = snapshot(args)
-    result = run_fmt(*args, timeout=60)
+def test_cli_fresh_process(fresh_runs, case):
+    """The CLI cases as a user runs them (a fresh process each, default workers)."""
+    args, before, result = fresh_runs[case]
     judged(result, args, before)
     if "--json" not in args:  # tables at the default 80 columns, nothing cut with "…"
         from cli_helpers import assert_fits
