@@ -388,19 +388,23 @@ CT_PRESETS = {"fp8-tensor": "FP8", "fp8-channel": "FP8_DYNAMIC", "fp8-block": "F
 
 
 def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None = None,
-               dtype: str = "float32"):
-    """The same module written by compressed-tensors itself (None where the library or
-    its 0.20 API is missing): a Linear named ``stem`` holding ``w`` (float32) under the
-    preset ``CT_PRESETS[scheme]``, its qparams from the library's ``calculate_qparams``
-    over the strategy's min/max (``generate_gparam`` for NVFP4's global scale; a static
-    input scale set to 1/32), compressed by ``ModelCompressor`` and saved as
-    ``save_pretrained`` saves it; ``extra``: plain tensors written beside it; ``dtype``:
-    the model's dtype before quantizing (``bfloat16``: scales stored in bfloat16 too)."""
+               dtype: str = "float32", weights_only: bool = False):
+    """The same module written by compressed-tensors itself (None where the library, its
+    0.20 API or the preset is missing): a Linear named ``stem`` holding ``w`` (float32)
+    under the preset ``CT_PRESETS[scheme]`` (``scheme`` may also be one of the library's
+    preset names itself: ``"NVFP4"``, ``"MXFP6A16"``...), its qparams from the library's
+    ``calculate_qparams`` over the strategy's min/max (``generate_gparam`` for NVFP4's
+    global scale; a static input scale set to 1/32), compressed by ``ModelCompressor`` and
+    saved as ``save_pretrained`` saves it; ``extra``: plain tensors written beside it;
+    ``dtype``: the model's dtype before quantizing (``bfloat16``: scales stored in
+    bfloat16 too); ``weights_only``: the preset's weights without its input activations
+    (FP8_DYNAMIC so is naive-quantized)."""
     try:
         import torch
         from compressed_tensors.compressors import ModelCompressor
         from compressed_tensors.quantization import (
             QuantizationConfig,
+            QuantizationScheme,
             apply_quantization_config,
             preset_name_to_scheme,
         )
@@ -423,8 +427,13 @@ def ct_library(folder, stem: str, w: np.ndarray, scheme: str, extra: dict | None
     with torch.no_grad():
         linear.weight.copy_(torch.from_numpy(np.asarray(w, np.float32)))
     root.to(getattr(torch, dtype))
-    apply_quantization_config(root, QuantizationConfig(config_groups={
-        "group_0": preset_name_to_scheme(CT_PRESETS[scheme], ["Linear"])}))
+    try:
+        preset = preset_name_to_scheme(CT_PRESETS.get(scheme, scheme), ["Linear"])
+    except (KeyError, ValueError):  # a preset this release does not have
+        return None
+    if weights_only:
+        preset = QuantizationScheme(targets=["Linear"], weights=preset.weights)
+    apply_quantization_config(root, QuantizationConfig(config_groups={"group_0": preset}))
     args, x = linear.quantization_scheme.weights, linear.weight.data
     glob = None
     if hasattr(linear, "weight_global_scale"):
