@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import layout_fixtures as lf
 import ml_dtypes
 import numpy as np
 import pytest
@@ -430,47 +431,14 @@ def test_kv_scales_through_the_reader(tmp_path):
 # -- the real library: its own checkpoints pass every layout check --------------------------
 
 def _library_folder(folder: Path, preset: str, w: np.ndarray) -> None:
-    """A Linear quantized by compressed-tensors' preset (its calculate_qparams, with
-    generate_gparam's global scale for NVFP4), compressed and saved as save_pretrained
-    does.  Run with /tmp/ctcheck/bin/python -m pytest; skipped without the library."""
+    """compressed-tensors' own checkpoint of a bfloat16 Linear ``proj`` holding ``w``
+    under ``preset`` (``layout_fixtures.ct_library``: the library's calculate_qparams, with
+    generate_gparam's global scale for NVFP4, compressed and saved as save_pretrained
+    does).  Run with /tmp/ctcheck/bin/python -m pytest; skipped without the library."""
     pytest.importorskip("compressed_tensors")  # first: importing torch alone takes seconds
-    torch = pytest.importorskip("torch")
-    try:
-        from compressed_tensors.compressors import ModelCompressor
-        from compressed_tensors.quantization import (
-            QuantizationConfig,
-            QuantizationScheme,
-            apply_quantization_config,
-        )
-        from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
-        from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
-    except ImportError as missing:
-        pytest.skip(f"this compressed-tensors lacks the API the test drives: {missing}")
-    from safetensors.torch import save_file
-
-    if preset not in PRESET_SCHEMES:
-        pytest.skip(f"this compressed-tensors has no {preset} preset")
-    model = torch.nn.Sequential()
-    model.add_module("proj", torch.nn.Linear(w.shape[1], w.shape[0], bias=False))
-    with torch.no_grad():
-        model.proj.weight.copy_(torch.from_numpy(w))
-    model.to(torch.bfloat16)
-    scheme = QuantizationScheme(targets=["Linear"], **PRESET_SCHEMES[preset])
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}))
-    module, args = model.proj, model.proj.quantization_scheme.weights
-    groups = module.weight.data.unflatten(-1, (-1, args.group_size))
-    glob = None
-    if hasattr(module, "weight_global_scale"):
-        glob = generate_gparam(module.weight.data.amin(), module.weight.data.amax())
-        module.weight_global_scale.data = glob.to(module.weight_global_scale.dtype)
-    scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), args, global_scale=glob)
-    module.weight_scale.data = scale.to(module.weight_scale.dtype)
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    folder.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              folder / "model.safetensors")
-    compressor.update_config(str(folder))
+    if lf.ct_library(folder, "proj", w, preset, dtype="bfloat16") is None:
+        pytest.skip(f"this compressed-tensors lacks the API or the {preset} preset the "
+                    "writer drives")
 
 
 @pytest.mark.slow
