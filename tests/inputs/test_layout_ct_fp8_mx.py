@@ -22,6 +22,7 @@ import json
 import math
 from pathlib import Path
 
+import layout_fixtures as lf
 import ml_dtypes
 import numpy as np
 import pytest
@@ -392,64 +393,17 @@ def test_an_nvfp4_packed_weight_is_not_claimed_as_mx(tmp_path):
 
 def _ct_folder(folder: Path, preset: str, shape, dtype_name: str,
                weights_only: bool = False) -> None:
-    """A Linear quantized with compressed-tensors' preset scheme: the scales by the
-    library's calculate_qparams from the weight's min/max per strategy, compressed by
-    ModelCompressor and saved as save_pretrained saves it (safetensors + update_config).
-    ``weights_only``: the preset's weights without its input scheme (naive-quantized)."""
-    torch = pytest.importorskip("torch")
+    """A Linear ``proj`` quantized with compressed-tensors' preset scheme
+    (``layout_fixtures.ct_library``: the scales by the library's calculate_qparams from the
+    weight's min/max per strategy, compressed by ModelCompressor and saved as
+    save_pretrained saves it).  ``weights_only``: the preset's weights without its input
+    scheme (naive-quantized)."""
+    pytest.importorskip("torch")
     pytest.importorskip("compressed_tensors")
-    try:  # the API of 0.20.1; a version without it is skipped, not failed
-        from compressed_tensors.compressors import ModelCompressor
-        from compressed_tensors.quantization import (
-            QuantizationConfig,
-            QuantizationScheme,
-            apply_quantization_config,
-        )
-        from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
-        from compressed_tensors.quantization.utils import (
-            calculate_qparams,
-            maybe_pad_tensor_for_block_quant,
-        )
-    except ImportError as missing:
-        pytest.skip(f"this compressed-tensors lacks the API the test drives: {missing}")
-    from safetensors.torch import save_file
-
-    if preset not in PRESET_SCHEMES:
-        pytest.skip(f"this compressed-tensors has no {preset} preset")
-    model = torch.nn.Sequential()
-    model.add_module("proj", torch.nn.Linear(shape[1], shape[0], bias=False))
-    with torch.no_grad():
-        model.proj.weight.copy_(torch.from_numpy(weights(7, shape)))
-    model.to(getattr(torch, dtype_name))
-    preset_args = dict(PRESET_SCHEMES[preset])
-    if weights_only:
-        preset_args = {"weights": preset_args["weights"]}
-    scheme = QuantizationScheme(targets=["Linear"], **preset_args)
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}))
-    module, args = model.proj, model.proj.quantization_scheme.weights
-    w = module.weight.data
-    if args.strategy == "tensor":
-        low, high = w.amin(), w.amax()
-    elif args.strategy == "channel":
-        low, high = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    elif args.strategy == "group":
-        groups = w.unflatten(-1, (-1, args.group_size))
-        low, high = groups.amin(-1), groups.amax(-1)
-    else:
-        bh, bw = args.block_structure
-        padded = maybe_pad_tensor_for_block_quant(w, (bh, bw))
-        blocks = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
-        low, high = blocks.amin((1, 3)), blocks.amax((1, 3))
-    scale, _ = calculate_qparams(low, high, args)
-    module.weight_scale.data = scale.to(module.weight_scale.dtype)
-    if hasattr(module, "input_scale"):
-        module.input_scale.data.fill_(0.03125)
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    folder.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              folder / "model.safetensors")
-    compressor.update_config(str(folder))
+    if lf.ct_library(folder, "proj", weights(7, shape), preset, dtype=dtype_name,
+                     weights_only=weights_only) is None:
+        pytest.skip(f"this compressed-tensors lacks the API or the {preset} preset the "
+                    "writer drives")
 
 
 def _library_decoding(folder: Path) -> np.ndarray:
