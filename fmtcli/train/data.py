@@ -14,6 +14,7 @@ last ``seq`` (the next byte of each).  The same seed gives the same batches.
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -45,8 +46,10 @@ class Corpus:
         return int(self.train.size + self.validation.size)
 
 
+@functools.lru_cache(maxsize=2)
 def stdlib_bytes(limit: int = DEFAULT_BYTES) -> tuple[str, bytes]:
-    """The standard library's .py files, sorted by path, concatenated up to ``limit`` bytes."""
+    """The standard library's .py files, sorted by path, concatenated up to ``limit`` bytes
+    (read once a process: the walk takes a second or more)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     paths = sorted(p for p in root.rglob("*.py")
                    if not SKIPPED_FOLDERS.intersection(p.relative_to(root).parts))

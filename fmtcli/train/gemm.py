@@ -86,6 +86,8 @@ class GemmContext:
         value = tensor.detach().to(device="cpu", dtype=torch.float32)
         if unscale and self.loss_scale != 1.0:
             value = value / self.loss_scale
+        elif value.data_ptr() == tensor.data_ptr():
+            value = value.clone()  # the weight is updated in place before the file is written
         self.captured[name] = value.contiguous()
 
 

@@ -24,18 +24,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from fmtcli.base.errors import Param, UsageError
-from fmtcli.train.data import Batches, Corpus, load_corpus
+from fmtcli.train.data import Corpus, load_corpus
 from fmtcli.train.results import RecipeRun, TrainResult, TrainSettings
 
 BASELINE = "bf16"
 DEFAULT_RECIPES = ("tensorwise", "mxfp8")
-#: Batches of the validation split the final validation loss averages.
-VALIDATION_BATCHES = 8
-#: The seed of the validation batches: the same for every run and seed.
-VALIDATION_SEED = 1234
 
 
 def require_torch():
@@ -146,15 +140,6 @@ def _notes(base: RecipeRun) -> tuple[str, ...]:
     return (f"the baseline {base.name} diverged at step {base.diverged_at}: no gaps to it",)
 
 
-def learning_rate(settings: TrainSettings, step: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then a cosine from ``lr`` to ``lr / 10``."""
-    warmup = min(settings.warmup, settings.steps)
-    if step <= warmup:
-        return settings.lr * step / max(1, warmup)
-    progress = (step - warmup) / max(1, settings.steps - warmup)
-    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def run_recipe(recipe, settings: TrainSettings, seed: int, corpus: Corpus,
                reference: list | None, ticker: Ticker, capture=None
                ) -> tuple[RecipeRun, list]:
@@ -216,17 +201,3 @@ def _diverged(loss: float, mean: float, reference: list | None, step: int,
         return (f"the mean loss {mean:.4g} is over {1 + threshold:g}x the baseline's "
                 f"{base:.4g}")
     return None
-
-
-def batches_for(corpus: Corpus, settings: TrainSettings, seed: int) -> Batches:
-    return Batches(corpus.train, settings.batch, settings.seq, seed)
-
-
-def validation_batches(corpus: Corpus, settings: TrainSettings) -> list:
-    batches = Batches(corpus.validation, settings.batch, settings.seq, VALIDATION_SEED)
-    return [batches.next() for _ in range(VALIDATION_BATCHES)]
-
-
-def to_numpy_rng(seed: int) -> np.random.Generator:
-    """The generator of stochastic rounding's draws for a run at ``seed``."""
-    return np.random.default_rng([seed, 0x5EED])

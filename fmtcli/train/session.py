@@ -7,14 +7,46 @@ clipped, and AdamW's update (skipped where the dynamic scaler says so).
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fmtcli.train.data import Batches, Corpus
 from fmtcli.train.gemm import GemmContext
 from fmtcli.train.loss_scaling import LossScaler
 from fmtcli.train.model import build_model
-from fmtcli.train.results import VOCAB
+from fmtcli.train.results import VOCAB, TrainSettings
 from fmtcli.train.tensor_stats import TensorStats
+
+#: Batches of the validation split the final validation loss averages.
+VALIDATION_BATCHES = 8
+#: The seed of the validation batches: the same for every run and seed.
+VALIDATION_SEED = 1234
+
+
+def learning_rate(settings: TrainSettings, step: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine from ``lr`` to ``lr / 10``."""
+    warmup = min(settings.warmup, settings.steps)
+    if step <= warmup:
+        return settings.lr * step / max(1, warmup)
+    progress = (step - warmup) / max(1, settings.steps - warmup)
+    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def batches_for(corpus: Corpus, settings: TrainSettings, seed: int) -> Batches:
+    return Batches(corpus.train, settings.batch, settings.seq, seed)
+
+
+def validation_batches(corpus: Corpus, settings: TrainSettings) -> list:
+    batches = Batches(corpus.validation, settings.batch, settings.seq, VALIDATION_SEED)
+    return [batches.next() for _ in range(VALIDATION_BATCHES)]
+
+
+def to_numpy_rng(seed: int) -> np.random.Generator:
+    """The generator of stochastic rounding's draws for a run at ``seed``."""
+    return np.random.default_rng([seed, 0x5EED])
 
 
 def _history_factory(recipe):
@@ -27,8 +59,6 @@ def _history_factory(recipe):
 
 class Session:
     def __init__(self, recipe, settings, seed: int, corpus) -> None:
-        from fmtcli.train.loop import batches_for, to_numpy_rng, validation_batches
-
         self.recipe, self.settings = recipe, settings
         self.device = torch.device(settings.device)
         self.model = build_model(settings, seed, settings.device)
@@ -57,8 +87,6 @@ class Session:
 
     def step(self, step: int) -> float:
         """One optimizer step; the batch's loss (before the update)."""
-        from fmtcli.train.loop import learning_rate
-
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.settings, step)
         self.optimizer.zero_grad(set_to_none=True)

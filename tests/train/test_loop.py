@@ -14,8 +14,9 @@ from fmtcli.train.results import TrainSettings
 torch = pytest.importorskip("torch")
 
 from fmtcli.render.jsonsafe import dumps  # noqa: E402
-from fmtcli.train.loop import _diverged, learning_rate, train  # noqa: E402
+from fmtcli.train.loop import _diverged, train  # noqa: E402
 from fmtcli.train.recipes import get_recipe  # noqa: E402
+from fmtcli.train.session import learning_rate  # noqa: E402
 
 TINY = dict(steps=6, layers=1, width=16, heads=2, seq=8, batch=2, log_every=2, warmup=2)
 
