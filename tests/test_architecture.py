@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fmtcli"
 # The layers, bottom first: a module's first dotted part (its folder) decides its layer
 LAYER_NAMES = ["base", "numerics", "inputs", "streaming", "engine", "analyses", "render", "cli"]
 ANALYSES = ["quantize", "scale_search", "loss_scale", "underflow", "check_backends", "kv",
-            "compare", "attention", "arithmetic", "audit"]
+            "compare", "attention", "arithmetic", "audit", "train"]
 FOLDERS = {"base": 0, "_moved": 0, "numerics": 1, "inputs": 2, "streaming": 3, "engine": 4,
            **dict.fromkeys(ANALYSES, 5), "render": 6, "cli": 7, "__main__": 7}
 # the compiled kernel (a C extension: no .py file to read)
@@ -216,11 +216,13 @@ def test_the_import_reader_resolves_relative_absolute_and_package_imports(tmp_pa
 
 def test_the_tests_mirror_the_layers():
     """tests/ holds a folder per layer of the package (numerics, inputs, streaming, engine),
-    one for the commands' analyses, one for the command line and one for the docs; at the
-    top only the shared helpers and the tests of the package's shape."""
+    one for the commands' analyses (and ``train``, fmt train's model, casts and loop, which
+    need torch), one for the command line and one for the docs; at the top only the shared
+    helpers and the tests of the package's shape."""
     tests = Path(__file__).resolve().parent
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
-    assert folders == {"numerics", "inputs", "streaming", "engine", "commands", "cli", "docs"}
+    assert folders == {"numerics", "inputs", "streaming", "engine", "commands", "train", "cli",
+                       "docs"}
     top = {p.name for p in tests.glob("test_*.py")}
     assert top == {"test_architecture.py", "test_structure.py", "test_markers.py",
                    "test_moved_paths.py"}
