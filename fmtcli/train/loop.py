@@ -99,8 +99,11 @@ class Ticker:
     def __init__(self, progress, total: int) -> None:
         self.progress, self.total, self.done = progress, total, 0
 
-    def step(self) -> None:
-        self.done += 1
+    def step(self, count: int = 1) -> None:
+        """``count`` steps done (a diverged run's remaining steps count as done at once)."""
+        if count < 1:
+            return
+        self.done += count
         if self.progress is not None:
             self.progress(self.done, self.total)
 
@@ -171,6 +174,7 @@ def run_recipe(recipe, settings: TrainSettings, seed: int, corpus: Corpus,
             diverged = step
             losses.append((step, loss if not math.isfinite(loss) else mean))
             break
+    ticker.step(settings.steps - len(curve))  # a run stopped early: the bar still fills
     seconds = (time.perf_counter() - started) / max(1, len(curve))
     final = None if diverged is not None else losses[-1][1]
     val = session.validation_loss() if diverged is None else None

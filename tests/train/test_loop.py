@@ -98,7 +98,9 @@ def test_seed_spread_and_progress(text):
 def test_divergence_stops_the_recipe(text):
     """A static loss scale of 2^40 overflows FP16's gradients: NaN weights, NaN loss."""
     huge = get_recipe("fp16-static", static_loss_scale=2.0**40)
-    result = train(settings(text, steps=8), [huge])
+    calls = []
+    result = train(settings(text, steps=8), [huge], progress=lambda d, t: calls.append((d, t)))
+    assert calls[-1] == (16, 16)  # the stopped run's steps count as done
     run = result.recipes[1]
     assert run.diverged_at is not None and run.diverged_at <= 3
     assert run.gap_to_baseline is None and run.final_loss is None
