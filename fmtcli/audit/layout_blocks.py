@@ -82,6 +82,11 @@ def _row_blocks(q, length: int, budget: int) -> Blocks | None:
     parts = []
     for r0 in starts[picked]:
         r1 = min(rows, int(r0) + per_chunk)
+        counted = _stored(q, int(r0), r1, (1, length))
+        if counted is not None:
+            top, at_max, size, pile = counted
+            parts.append((top, at_max, size, grid[r0:r1].ravel(), pile))
+            continue
         codes = np.abs(np.asarray(q.elements_reader(int(r0), r1), dtype=np.float64))
         padded = np.zeros((r1 - r0, n_blocks * length))
         padded[:, :cols] = codes
@@ -110,6 +115,11 @@ def _tile_blocks(q, tile: tuple[int, int], budget: int) -> Blocks | None:
         matrix, k = divmod(int(strip), per_matrix)
         r0 = matrix * height + k * tile[0]
         r1 = min(r0 + tile[0], (matrix + 1) * height)
+        counted = _stored(q, r0, r1, (r1 - r0, tile[1]))
+        if counted is not None:
+            top, at_max, size, pile = counted
+            parts.append((top, at_max, size, grid[strip], pile))
+            continue
         codes = np.abs(np.asarray(q.elements_reader(r0, r1), dtype=np.float64))
         padded = np.zeros((r1 - r0, n_cols * tile[1]))
         padded[:, :cols] = codes
@@ -119,6 +129,29 @@ def _tile_blocks(q, tile: tuple[int, int], budget: int) -> Blocks | None:
         parts.append((blocks.max(axis=(0, 2)), (blocks >= emax).sum(axis=(0, 2)),
                       widths * (r1 - r0), grid[strip], _pile(q, codes)))
     return _joined(parts, len(picked) < strips)
+
+
+def _stored(q, r0: int, r1: int, tile: tuple[int, int]):
+    """(top, at_max, size, pile) of rows ``r0:r1``'s blocks from the stored codes by the
+    compiled kernel (``stats.stored_counts``), the figures the float reading gives; None
+    where there is no raw reader or kernel, or a NaN code (whose block's top is NaN in the
+    float reading) is among them."""
+    if q.raw_reader is None:
+        return None
+    from fmtcli.audit.stats import stored_counts
+
+    raw = q.raw_reader(r0, r1)
+    if raw is None or (not raw.packing and np.isnan(raw.table)[raw.codes].any()):
+        return None
+    following, _, _, low, _ = PILE_CODES.get(q.element, (np.nan,) * 5)
+    found = stored_counts(raw, r1 - r0, q.matrix[1], tile, ELEMENT_MAX[q.element],
+                          following, low)
+    if found is None:
+        return None
+    tiles = found[0]
+    pile = (int(tiles[2].sum()), int(tiles[6].sum())) if q.element in PILE_CODES else (0, 0)
+    return (tiles[0].ravel(), tiles[1].ravel().astype(np.int64),
+            tiles[4].ravel().astype(np.int64), pile)
 
 
 def _pile(q, codes: np.ndarray) -> tuple[int, int]:

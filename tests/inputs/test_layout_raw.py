@@ -242,3 +242,29 @@ def test_the_kernel_counts_a_random_chunk_as_numpy_does():
             far = np.where(view > 0, 2 * top - view, 0).max(axis=(1, 3))
             assert np.array_equal(tiles[5], far)
             assert np.array_equal(tiles[6], ((view == low) & inside).sum(axis=(1, 3)))
+
+
+@pytest.mark.skipif(not native.built(), reason="the compiled kernel is not built")
+@pytest.mark.parametrize("budget", [1 << 21, 4096])
+def test_the_layout_checks_block_figures_are_the_float_readings(every_layout, budget):
+    """mx-scale-rule's per-block figures (layout_blocks.block_figures) from the stored
+    codes by the kernel equal those from the float element reading (sampled or whole)."""
+    from dataclasses import replace
+
+    from fmtcli.audit.layout_blocks import block_figures
+
+    seen = 0
+    for qs in every_layout.values():
+        for q in qs:
+            fast = block_figures(q, budget)
+            slow = block_figures(replace(q, raw_reader=None), budget)
+            if fast is None:
+                assert slow is None
+                continue
+            seen += 1
+            for field in ("top", "at_max", "size", "scale"):
+                assert np.array_equal(getattr(fast, field), getattr(slow, field),
+                                      equal_nan=True), (q.layout, field)
+            assert (fast.sampled, fast.at_next, fast.at_low) == (
+                slow.sampled, slow.at_next, slow.at_low)
+    assert seen >= 8
