@@ -29,7 +29,7 @@ from pathlib import Path
 import layout_fixtures as lf
 import numpy as np
 import pytest
-from cli_helpers import assert_fits, invoke, run_fmt, strict_loads
+from cli_helpers import assert_fits, invoke, run_fmt_each, strict_loads
 from oracle import read_safetensors, write_safetensors
 from safetensors.numpy import save_file
 
@@ -156,11 +156,7 @@ def flags(doc: dict) -> list:
                     for c in doc["totals"]["checks"] if c["verdict"] in ("warn", "fail")]
 
 
-def audit_json(path: Path, fresh: bool = False) -> tuple[int, dict]:
-    if fresh:
-        done = run_fmt("audit", path, "--json")
-        assert b"Traceback" not in done.stderr, done.stderr.decode()
-        return done.returncode, strict_loads(done.stdout.decode())
+def audit_json(path: Path) -> tuple[int, dict]:
     done = invoke("audit", path, "--json")
     assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
     return done.exit_code, strict_loads(done.stdout)
@@ -193,11 +189,46 @@ def test_healthy_audit_passes_with_every_field(healthy, layout, kind):
     assert_document(doc, layout)
 
 
+# -- fresh processes: each ``fmt audit --json`` as a user runs it, batched -----------------
+#
+# One interpreter for the whole module's fresh runs of one test function
+# (``cli_helpers.run_fmt_each``: each command in a child forked from it, exit code and
+# streams its own), only the cases this session runs; numpy and ml_dtypes imported once
+# before the children fork (ml_dtypes' import is ~1.3 s, most of a fresh audit's time),
+# fmt's own modules imported by each child as ``python -m fmtcli`` imports them.
+
+PRELOAD = ("numpy", "ml_dtypes")
+
+
+def selected(request, test: str) -> list[dict]:
+    """The parameters of each of ``test``'s cases this session runs (after -k / -m)."""
+    return [item.callspec.params for item in request.session.items
+            if getattr(item, "originalname", None) == test]
+
+
+def fresh_audits(folders: dict) -> dict:
+    """name -> (exit code, stdout, stderr) of ``fmt audit FOLDER --json``, one
+    interpreter for them all."""
+    names = list(folders)
+    ran = run_fmt_each([["audit", folders[n], "--json"] for n in names],
+                       timeout=60 + 10 * len(names), preload=PRELOAD)
+    return dict(zip(names, ran))
+
+
+@pytest.fixture(scope="module")
+def healthy_fresh(request, healthy) -> dict:
+    """(layout, kind) -> a fresh ``fmt audit --json``'s (code, stdout, stderr)."""
+    keys = {(p["layout"], p["kind"]) for p in
+            selected(request, "test_healthy_audit_in_a_fresh_process")}
+    return fresh_audits({key: healthy[key][0] for key in sorted(keys)})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "kind"), cases(slow_kind=""))
-def test_healthy_audit_in_a_fresh_process(healthy, layout, kind):
-    folder, _ = healthy[layout, kind]
-    code, doc = audit_json(folder, fresh=True)
+def test_healthy_audit_in_a_fresh_process(healthy_fresh, layout, kind):
+    code, stdout, stderr = healthy_fresh[layout, kind]
+    assert b"Traceback" not in stderr, stderr.decode()
+    doc = strict_loads(stdout.decode())
     assert flags(doc) == [] and code == 0, flags(doc)
     assert_document(doc, layout)
 
@@ -387,13 +418,21 @@ def test_broken_against_the_original(broken, case):
     assert judged["verdict"] == expect, judged["reasons"]
 
 
+@pytest.fixture(scope="module")
+def broken_fresh(request, broken) -> dict:
+    """case -> a fresh ``fmt audit --json``'s (code, stdout, stderr)."""
+    chosen = {p["case"] for p in selected(request, "test_broken_in_a_fresh_process")}
+    return fresh_audits({case: broken[case][0] for case in BROKEN if case in chosen})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(BROKEN))
-def test_broken_in_a_fresh_process(broken, case):
+def test_broken_in_a_fresh_process(broken_fresh, case):
     _, _, _, name, verdict, _ = BROKEN[case]
-    done = run_fmt("audit", broken[case][0], "--json")
-    assert done.returncode == (1 if verdict == "fail" else 0), done.stderr.decode()
-    doc = strict_loads(done.stdout.decode())
+    code, stdout, stderr = broken_fresh[case]
+    assert b"Traceback" not in stderr, stderr.decode()
+    assert code == (1 if verdict == "fail" else 0), stderr.decode()
+    doc = strict_loads(stdout.decode())
     assert name is None or (name, verdict) in {(c["name"], c["verdict"]) for t in doc["tensors"]
                                for c in t["checks"]}
 
@@ -473,12 +512,21 @@ def many_layers(tmp_path_factory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def many_layers_audited() -> dict:
+    """scheme -> ``fmt audit --json``'s (code, document) of its folder, filled by the first
+    width's test (the document does not depend on the terminal's width)."""
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("scheme", ["nvfp4", "int4"])
-def test_many_layers_pass_and_fit(many_layers, scheme, width):
+def test_many_layers_pass_and_fit(many_layers, many_layers_audited, scheme, width):
     folder, orig = many_layers[scheme]
-    code, doc = audit_json(folder)
+    if scheme not in many_layers_audited:
+        many_layers_audited[scheme] = audit_json(folder)
+    code, doc = many_layers_audited[scheme]
     assert code == 0 and flags(doc) == [] and len(doc["tensors"]) == 30 and doc["roles"]
     for args in (["audit", folder], ["audit", folder, "--all"], ["compare", orig, folder]):
         done = invoke(*args, env={"COLUMNS": str(width)})
