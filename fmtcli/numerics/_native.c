@@ -1015,6 +1015,7 @@ typedef struct {
     unsigned char busy[CODE_SLOTS];
     int used[CODE_SLOTS];
     int n_used, ncodes, scaled;
+    int pairs, lo_shift, hi_shift;  /* pairs: the counts are of bytes of two FP4 codes */
     double mul, div;
     const double *table;
     Py_ssize_t *counts;  /* CODE_SLOTS x ncodes */
@@ -1027,8 +1028,15 @@ static void code_table_flush(code_table *ct, double *vals)
         Py_ssize_t *row = ct->counts + (Py_ssize_t)slot * ct->ncodes;
         for (int c = 0; c < ct->ncodes; c++) {
             if (!row[c]) continue;
-            code_values(ct->table[c], ct->g[slot], ct->mul, ct->div, ct->scaled,
-                        (double)row[c], vals);
+            if (ct->pairs) {
+                code_values(ct->table[(c >> ct->lo_shift) & 15], ct->g[slot], ct->mul,
+                            ct->div, ct->scaled, (double)row[c], vals);
+                code_values(ct->table[(c >> ct->hi_shift) & 15], ct->g[slot], ct->mul,
+                            ct->div, ct->scaled, (double)row[c], vals);
+            } else {
+                code_values(ct->table[c], ct->g[slot], ct->mul, ct->div, ct->scaled,
+                            (double)row[c], vals);
+            }
             row[c] = 0;
         }
         ct->busy[slot] = 0;
@@ -1090,6 +1098,57 @@ static void code_tile_close(Py_ssize_t *hist, uint64_t *present, int words,
     tile[4] = size; tile[5] = far; tile[6] = at_low;
 }
 
+/* Packed FP4 in blocks of tc along each row (tr = 1), a byte at a time: per byte value y,
+ * info[y] holds its two codes' counts at the top, at below, at low and at zero (16 bits
+ * each: a block of at most 16,383 bytes cannot overflow them), bmax[y] / bmin[y] their
+ * largest and smallest nonzero magnitude (inf: none); the byte is counted in its block's
+ * multiplier row of ct (code_table_flush decodes it into its two codes' values). */
+static void code_pairs(const uint8_t *codes, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t tc,
+                       int lo_shift, const double *mag, double top, double below, double low,
+                       const double *grid, code_table *ct, double *tiles, double *acc)
+{
+    uint64_t info[256];
+    double bmax[256], bmin[256];
+    for (int y = 0; y < 256; y++) {
+        double m[2] = {mag[(y >> lo_shift) & 15], mag[(y >> (4 - lo_shift)) & 15]};
+        info[y] = 0;
+        bmax[y] = 0;
+        bmin[y] = INFINITY;
+        for (int k = 0; k < 2; k++) {
+            info[y] += (uint64_t)(m[k] >= top) | (uint64_t)(m[k] == below) << 16
+                       | (uint64_t)(m[k] == low) << 32 | (uint64_t)(m[k] == 0) << 48;
+            if (m[k] > bmax[y]) bmax[y] = m[k];
+            if (m[k] != 0 && m[k] < bmin[y]) bmin[y] = m[k];
+        }
+    }
+    Py_ssize_t nbc = (cols + tc - 1) / tc, nt = rows * nbc, bytes_per_row = cols / 2;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint8_t *row = codes + r * bytes_per_row;
+        for (Py_ssize_t b = 0; b < nbc; b++) {
+            Py_ssize_t *h = code_table_row(ct, grid[r * nbc + b], acc);
+            Py_ssize_t j0 = b * tc / 2, j1 = ((b + 1) * tc < cols ? (b + 1) * tc : cols) / 2;
+            uint64_t f = 0;
+            double mx = 0, mn = INFINITY;
+            for (Py_ssize_t j = j0; j < j1; j++) {
+                uint8_t y = row[j];
+                f += info[y];
+                mx = bmax[y] > mx ? bmax[y] : mx;
+                mn = bmin[y] < mn ? bmin[y] : mn;
+                h[y]++;
+            }
+            double n = 2.0 * (double)(j1 - j0);
+            Py_ssize_t t = r * nbc + b;
+            tiles[t] = mx;
+            tiles[nt + t] = (double)(f & 0xFFFF);
+            tiles[2 * nt + t] = (double)((f >> 16) & 0xFFFF);
+            tiles[3 * nt + t] = n - (double)((f >> 48) & 0xFFFF);
+            tiles[4 * nt + t] = n;
+            tiles[5 * nt + t] = isinf(mn) ? 0 : 2 * top - mn;
+            tiles[6 * nt + t] = (double)((f >> 32) & 0xFFFF);
+        }
+    }
+}
+
 static PyObject *code_stats(PyObject *self, PyObject *args)
 {
     PyObject *co, *to, *go, *tiles_o, *vals_o;
@@ -1118,7 +1177,11 @@ static PyObject *code_stats(PyObject *self, PyObject *args)
     Py_ssize_t *hist = PyMem_Calloc((size_t)(nbc * ncodes), sizeof(Py_ssize_t));
     uint64_t *present = PyMem_Calloc((size_t)(nbc * words), sizeof(uint64_t));
     code_table *ct = PyMem_Calloc(1, sizeof(code_table));
-    Py_ssize_t *slot_counts = PyMem_Calloc((size_t)CODE_SLOTS * ncodes, sizeof(Py_ssize_t));
+    /* FP4 blocks along the rows (NVFP4's 16, MX's 32): counted a byte (two codes) at a
+     * time through per-byte tables, one block in flight (code_pairs) */
+    int pairs = packing && tr == 1 && tc / 2 <= 16383;
+    Py_ssize_t *slot_counts = PyMem_Calloc((size_t)CODE_SLOTS * (pairs ? 256 : ncodes),
+                                           sizeof(Py_ssize_t));
     if (!hist || !present || !ct || !slot_counts) {
         PyMem_Free(hist);
         PyMem_Free(present);
@@ -1128,7 +1191,10 @@ static PyObject *code_stats(PyObject *self, PyObject *args)
         goto fail_v;
     }
     ct->counts = slot_counts;
-    ct->ncodes = ncodes;
+    ct->ncodes = pairs ? 256 : ncodes;
+    ct->pairs = pairs;
+    ct->lo_shift = packing == 2 ? 4 : 0;
+    ct->hi_shift = 4 - ct->lo_shift;
     ct->table = (const double *)tb.buf;
     ct->mul = mul;
     ct->div = div;
@@ -1142,6 +1208,11 @@ static PyObject *code_stats(PyObject *self, PyObject *args)
         if (!isfinite(mag[c])) mag[c] = 0;
     }
     int lo_shift = packing == 2 ? 4 : 0, hi_shift = 4 - lo_shift;
+    if (pairs) {
+        code_pairs(codes, rows, cols, tc, lo_shift, mag, top, below, low, grid, ct, tiles,
+                   acc);
+        nbr = 0;  /* done */
+    }
     for (Py_ssize_t bi = 0; bi < nbr; bi++) {
         Py_ssize_t r1 = (bi + 1) * tr < rows ? (bi + 1) * tr : rows;
         for (Py_ssize_t r = bi * tr; r < r1; r++) {
