@@ -41,10 +41,10 @@ def losses(result, name: str) -> list:
 def test_same_seed_bit_identical_other_seed_not(text):
     a = train(settings(text), ["tensorwise"])
     b = train(settings(text), ["tensorwise"])
-    c = train(settings(text, seed=1), ["tensorwise"])
+    c = train(settings(text, seed=1), [])
     for name in ("bf16", "tensorwise"):
         assert losses(a, name) == losses(b, name)  # floats compared exactly
-        assert losses(a, name) != losses(c, name)
+    assert losses(a, "bf16") != losses(c, "bf16")
     assert [r.tensors for r in a.recipes] == [r.tensors for r in b.recipes]
 
 
