@@ -1121,24 +1121,33 @@ def fresh_runs(request, tmp_path_factory) -> dict:
     command through ``cli_helpers.run_fmt_each`` (one interpreter, each command in a child
     forked from it, default workers; numpy and ml_dtypes imported once before the forks,
     ml_dtypes' import being most of a small command's time; fmt's own modules imported by
-    each child as ``python -m fmtcli`` imports them); 60 s a command at most, in all."""
+    each child as ``python -m fmtcli`` imports them); 60 s a command at most, in all.
+    A case whose folder cannot be written maps to that exception (its test raises it; the
+    other cases still run)."""
     chosen = {item.callspec.params["case"] for item in request.session.items
               if getattr(item, "originalname", None) == "test_cli_fresh_process"}
-    names = [case for case in CLI_CASES if case in chosen]
-    cases = {}
-    for case in names:
-        args = [str(a) for a in CLI_CASES[case](tmp_path_factory.mktemp(case))]
+    cases, unwritten = {}, {}
+    for case in (case for case in CLI_CASES if case in chosen):
+        try:
+            args = [str(a) for a in CLI_CASES[case](tmp_path_factory.mktemp(case))]
+        except Exception as error:  # raised again by the case's own test
+            unwritten[case] = error
+            continue
         cases[case] = args, snapshot(args)
+    names = list(cases)
     ran = run_fmt_each([cases[case][0] for case in names], timeout=60 * max(1, len(names)),
                        preload=("numpy", "ml_dtypes"))
-    return {case: (*cases[case], subprocess.CompletedProcess(cases[case][0], code, out, err))
-            for case, (code, out, err) in zip(names, ran)}
+    return {**unwritten, **{
+        case: (*cases[case], subprocess.CompletedProcess(cases[case][0], code, out, err))
+        for case, (code, out, err) in zip(names, ran)}}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CLI_CASES))
 def test_cli_fresh_process(fresh_runs, case):
     """The CLI cases as a user runs them (a fresh process each, default workers)."""
+    if isinstance(fresh_runs[case], Exception):
+        raise fresh_runs[case]  # writing this case's folder failed
     args, before, result = fresh_runs[case]
     judged(result, args, before)
     if "--json" not in args:  # tables at the default 80 columns, nothing cut with "…"
