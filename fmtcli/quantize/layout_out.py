@@ -23,6 +23,12 @@ The folder: ``model.safetensors`` (streamed: one weight's codes in memory at a t
 ``hf_quant_config.json``.  Written in a temporary folder beside DIR and renamed into place;
 an existing DIR is replaced only with ``force``, and only when it holds nothing but the
 files this writes.
+
+A weight holding NaN or inf is refused (``refuse_nonfinite``: one line naming it, nothing
+written): the layouts cannot store either, and the engine's rule for such a tile gives it a
+NaN or zero scale.  fmt's own ``--out`` (no ``--layout``) keeps recording x_q with its NaN,
+as docs/quantize.md's edge cases say: that file is an analysis record that fmt reads back;
+a layout folder is a model that loaders serve without looking.
 """
 
 from __future__ import annotations
@@ -230,14 +236,16 @@ def _members(name: str, source: TensorSource, quantized: bool, plan: LayoutPlan,
     if not quantized:
         yield name, np.asarray(source.stored())
         return
-    codes, grid, g = engine_codes(source, plan.scheme, options)
+    codes, grid, g, nonfinite = engine_codes(source, plan.scheme, options)
+    refuse_nonfinite(source, nonfinite, plan.layout)
     for member, _, data in lt.layout_tensors(plan.layout, plan.scheme, name, codes, grid, g):
         yield member, data
 
 
 def engine_codes(source: TensorSource, scheme: Scheme, options: dict):
     """The engine's codes (uint8, the matrix's shape) and scale grid of one tensor under
-    ``scheme``, and NVFP4's tensor scale (None for other schemes)."""
+    ``scheme``, NVFP4's tensor scale (None for other schemes) and the count of its NaN and
+    inf values."""
     rows, cols = matrix_shape(source.shape)
     spec = scheme.format
     codes = shared_array((rows, cols), np.uint8)
@@ -246,12 +254,29 @@ def engine_codes(source: TensorSource, scheme: Scheme, options: dict):
     def sink(rs, cs, block, codes=codes, spec=spec):
         codes[rs, cs] = codes_of(block, spec)
 
-    _, kept = quantize_tensor(source, [scheme], keep=0, keep_mode="codes", sink=sink,
-                              **options)
+    runs, kept = quantize_tensor(source, [scheme], keep=0, keep_mode="codes", sink=sink,
+                                 **options)
     grid, _ = kept
     g = tensor_scale(source, scheme, options["chunk_elements"]) if lt.is_nvfp4(scheme) \
         else None
-    return np.array(codes), np.asarray(grid), g
+    return np.array(codes), np.asarray(grid), g, runs[0].acc.nonfinite_inputs
+
+
+def refuse_nonfinite(source: TensorSource, count: int, layout: OutLayout) -> None:
+    """Refuse a weight holding NaN or inf (``count`` of them): no layout here can store
+    one (E4M3 has no inf, FP4 neither inf nor NaN), and the engine's rule for such a tile
+    (a NaN or zero scale, x_q NaN: docs/quantize.md, Edge cases) would put NaN scales into
+    a checkpoint that loaders run without looking.  fmt's own ``--out`` records x_q as it
+    is (NaN included) because it is an analysis record; a layout is a model to serve."""
+    if count:
+        many = count != 1
+        raise DataError(f"{shown(source.name)} holds {count:,} NaN or infinite "
+                        f"value{'s' if many else ''}, which "
+                        + Param("layout", OutLayout(layout).value) + " cannot store (the "
+                        f"scales covering {'them' if many else 'it'} would be NaN or inf); "
+                        "nothing written",
+                        "repair the tensor, or leave it out: " + Param("key", "PATTERN")
+                        + " picks the weights to quantize, the rest are copied as stored")
 
 
 def tensor_scale(source: TensorSource, scheme: Scheme, chunk_elements: int) -> float:

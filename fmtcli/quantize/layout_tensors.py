@@ -47,6 +47,10 @@ NVFP4's block scale ``d`` is recovered from the engine's per-block scale ``S = g
 ``fl32(g / d) == S``.  A block whose ``d`` underflowed (``S`` infinite) or whose values are
 all 0 (``S`` 1) stores ``d = 0`` (compressed-tensors) or 1.0 (ModelOpt's own rule for an
 all-zero block); its codes are 0 either way.
+
+Nothing that decodes to NaN is written: E4M3 codes of NaN (``--overflow ieee`` past 448),
+and scales that are NaN or inf (or a global scale not positive) are refused in one line
+(``refuse_nan_codes``, ``refuse_nonfinite_scales``), the folder left unwritten.
 """
 
 from __future__ import annotations
@@ -142,7 +146,8 @@ def nvfp4_block_scales(grid: np.ndarray, g: float, name: str) -> np.ndarray:
         again = (g32 / d).astype(np.float32)
     found = np.isfinite(s) & (again == s) & np.isfinite(d)
     # the engine's dead blocks (s = inf: x_q = 0) store 0; a NaN block (a NaN in the
-    # weight: x_q NaN) stores E4M3's NaN, so that the folder decodes to the engine's x_q
+    # weight: x_q NaN) would store E4M3's NaN, which layout_tensors refuses (layout_out
+    # refuses a weight holding NaN or inf before it gets here)
     d = np.where(found, d, np.where(np.isnan(s), np.float32(np.nan), np.float32(0)))
     lost = ~found & np.isfinite(s) & (s != 1)
     if lost.any():  # not a scale the engine's NVFP4 rule gives: a bug, said in one line
@@ -210,8 +215,43 @@ def layout_tensors(layout: OutLayout, scheme: Scheme, key: str, codes: np.ndarra
             arrays = [pack_fp4(codes), e4m3_bytes(d), np.array([g], dtype=np.float32)]
     else:
         arrays = [codes, dequantization_scales(grid)]
+        refuse_nan_codes(layout, key, codes)
+    for (name, _, _), array in zip(entries[1:], arrays[1:]):
+        refuse_nonfinite_scales(layout, key, name, array)
     return [(name, code, array.reshape(shape))
             for (name, code, shape), array in zip(entries, arrays)]
+
+
+def refuse_nan_codes(layout: OutLayout, key: str, codes: np.ndarray) -> None:
+    """Refuse E4M3 codes of NaN (0x7F, 0xFF) among finite inputs: what ``--overflow ieee``
+    makes of a value past 448 (float8_e4m3fn has no inf).  A checkpoint holding them
+    decodes to NaN wherever a loader reads it; nothing is written."""
+    found = int(np.count_nonzero((np.asarray(codes) & 0x7F) == 0x7F))
+    if found:
+        raise DataError(f"{shown(key)}: {found:,} value{'s' if found != 1 else ''} "
+                        "overflowed to float8_e4m3fn's NaN, which would be stored in the "
+                        + Param("layout", layout.value) + " checkpoint; nothing written",
+                        "drop " + Param("overflow", "ieee") + ": the default, saturate, "
+                        "clips to 448; or use a scale rule that keeps |x * scale| <= 448")
+
+
+def refuse_nonfinite_scales(layout: OutLayout, key: str, name: str, array: np.ndarray
+                            ) -> None:
+    """Refuse a stored scale that is NaN, inf or (a global scale) not positive: the last
+    guard before a checkpoint whose blocks decode to NaN (``layout_out`` refuses NaN and
+    inf inputs first, which is what makes one)."""
+    values = np.asarray(array)
+    if values.dtype == np.uint8:  # E4M3 bytes: 0x7F / 0xFF are NaN
+        bad = (values & 0x7F) == 0x7F
+    else:
+        bad = ~np.isfinite(values)
+        if name.endswith(("_global_scale", "_scale_2")):
+            bad |= values <= 0
+    found = int(np.count_nonzero(bad))
+    if found:
+        raise DataError(f"{shown(key)}: {found:,} of {values.size:,} values of {shown(name)} "
+                        "would be NaN, inf or not positive in the "
+                        + Param("layout", layout.value) + " checkpoint; nothing written")
 
 
 def _ct_weights(scheme: Scheme) -> dict:
