@@ -9,7 +9,7 @@ prints its result (a rich table, or JSON with ``--json``).
   each library parameter: library errors said as options (``as_options``);
 - one module per command (``range``, ``underflow``, ``quantize``, ``scale_search``,
   ``loss_scale``, ``check_backends``, ``softmax``, ``attention``, ``dot``,
-  ``compare``, ``kv``, ``audit``): its options, then library calls, then ``emit``.
+  ``compare``, ``kv``, ``audit``, ``train``): its options, then library calls, then ``emit``.
 
 Only ``fmtcli.base.choices`` and ``fmtcli.base.errors`` are imported at start-up; each command
 imports the library modules it needs when it runs (``fmt --version`` loads no numpy).
@@ -25,7 +25,8 @@ from fmtcli.cli.options import as_options
 #: The command modules; each registers its command on ``app`` when imported, in this order
 #: (the order of ``fmt --help``).
 COMMANDS = ("range", "underflow", "quantize", "scale_search", "loss_scale", "check_backends",
-            "softmax", "attention", "calc", "sum_command", "dot", "compare", "kv", "audit")
+            "softmax", "attention", "calc", "sum_command", "dot", "compare", "kv", "audit",
+            "train")
 for _module in COMMANDS:
     importlib.import_module(f".{_module}", __name__)
 

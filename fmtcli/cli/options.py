@@ -49,7 +49,12 @@ OPTIONS = {"block": "--block", "tile": "--tile", "per": "--per", "axis": "--axis
            "promote_every": "--promote-every", "accumulator_bits": "--accumulator-bits",
            "accumulator": "--accumulator", "scale_granularity": "--scale-granularity",
            "dask": "--dask", "layout": "--layout", "count": "--count", "constant": "--constant",
-           "random": "--random", "order": "--order", "dist": "--dist"}
+           "random": "--random", "order": "--order", "dist": "--dist",
+           "steps": "--steps", "layers": "--layers", "width": "--width", "heads": "--heads",
+           "seq": "--seq", "batch": "--batch", "lr": "--lr", "seeds": "--seeds",
+           "log_every": "--log-every", "data": "--data", "capture_dir": "--capture",
+           "capture_steps": "--capture-steps", "amax_history": "--amax-history",
+           "amax_mode": "--amax-mode", "mx_rule": "--mx-rule", "threads": "--threads"}
 #: a quoted value that the shell takes as it is, unquoted on the command line
 PLAIN_VALUE = re.compile(r"[-+\w./]+")
 

@@ -42,6 +42,7 @@ RENDERERS = {
     ("fmtcli.compare", "CompareResult"): ("compare", "render_compare"),
     ("fmtcli.kv", "KvResult"): ("kv", "render_kv"),
     ("fmtcli.audit", "AuditResult"): ("audit", "render_audit"),
+    ("fmtcli.train.results", "TrainResult"): ("train", "render_train"),
 }
 
 

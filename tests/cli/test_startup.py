@@ -85,7 +85,7 @@ def test_every_renderer_names_a_real_result_type():
         "FormatTable", "UnderflowResult", "QuantizeResult", "ScaleSearchResult",
         "LossScaleResult", "ConformanceResult", "SoftmaxTrace",
         "AttentionResult", "CalcResult", "SumResult", "DotResult", "CompareResult",
-        "KvResult", "AuditResult"}
+        "KvResult", "AuditResult", "TrainResult"}
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def test_fmt_help_lists_the_commands_in_the_order_of_a_session():
               if line.strip() and not line.startswith("   ")]  # not a wrapped help line
     assert listed == ["range", "underflow", "quantize", "scale-search", "loss-scale",
                       "check-backends", "softmax", "attention", "calc", "sum", "dot",
-                      "compare", "kv", "audit"]
+                      "compare", "kv", "audit", "train"]
 
 
 @pytest.mark.parametrize("args, built", [(["range", "fp16", "--json"], 1),
