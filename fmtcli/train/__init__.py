@@ -19,9 +19,14 @@ from fmtcli.base.lazy import lazy_exports
 
 _EXPORTS = {
     "train": "loop",
+    "DEFAULT_RECIPES": "loop",
     "TrainSettings": "results",
     "TrainResult": "results",
     "RecipeRun": "results",
+    "TensorRecord": "results",
+    "get_recipe": "recipes",
+    "parse_recipes": "recipes",
+    "RECIPE_NAMES": "recipes",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
