@@ -45,7 +45,7 @@ class GemmContext:
         self.recipe = recipe
         self.stats = stats
         self.rng = rng
-        self.history_factory = history_factory
+        self.history_factory = history_factory or _histories_of(recipe)
         self.histories: dict = {}
         self.loss_scale = 1.0
         self.counting = True
@@ -89,6 +89,14 @@ class GemmContext:
         elif value.data_ptr() == tensor.data_ptr():
             value = value.clone()  # the weight is updated in place before the file is written
         self.captured[name] = value.contiguous()
+
+
+def _histories_of(recipe):
+    """A new amax history of the recipe's length and mode (``scaling_state.AmaxHistory``)."""
+    from fmtcli.train.scaling_state import AmaxHistory
+
+    return lambda: AmaxHistory(getattr(recipe, "amax_history", 16),
+                               getattr(recipe, "amax_mode", "max"))
 
 
 class QuantLinearFunction(torch.autograd.Function):

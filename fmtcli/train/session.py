@@ -49,21 +49,12 @@ def to_numpy_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 0x5EED])
 
 
-def _history_factory(recipe):
-    if not getattr(recipe, "delayed", False):
-        return None
-    from fmtcli.train.scaling_state import AmaxHistory
-
-    return lambda: AmaxHistory(recipe.amax_history, recipe.amax_mode)
-
-
 class Session:
     def __init__(self, recipe, settings, seed: int, corpus) -> None:
         self.recipe, self.settings = recipe, settings
         self.device = torch.device(settings.device)
         self.model = build_model(settings, seed, settings.device)
-        self.context = GemmContext(recipe, TensorStats(), to_numpy_rng(seed),
-                                   _history_factory(recipe))
+        self.context = GemmContext(recipe, TensorStats(), to_numpy_rng(seed))
         self.model.use(self.context)
         self.scaler = LossScaler.for_recipe(recipe)
         self.optimizer = torch.optim.AdamW(self._groups(), lr=settings.lr,

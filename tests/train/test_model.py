@@ -230,3 +230,30 @@ def test_fp16_underflow_counts_with_and_without_the_scale():
     assert record.fp16_underflow_scaled == 0.0
     assert record.fp16_underflow_unscaled == 0.5  # 2^-26 and the tie 2^-25 flush unscaled
     assert Cast("float16").spec.smallest_subnormal == 2.0**-24
+
+
+def test_delayed_scaling_takes_the_scale_from_earlier_steps():
+    """The second step's activation is cast with the scale of the first step's amax (the
+    history), not its own: an activation 4x larger saturates."""
+    ctx = context("delayed")
+    w = torch.randn(8, 16, generator=torch.Generator().manual_seed(4))
+    small = torch.linspace(-1, 1, 64).reshape(4, 16)
+    quantized_linear(small, w, None, ctx, "l")
+    quantized_linear(4 * small, w, None, ctx, "l")
+    record = [r for r in ctx.stats.records() if r.role == "activation"][0]
+    assert record.scale_min == record.scale_max == pytest.approx(448.0)  # 448 / amax 1, twice
+    assert record.saturated > 0
+    assert ctx.histories[("l", "activation")].amax() == pytest.approx(4.0)
+
+
+def test_captured_gradients_are_divided_by_the_loss_scale():
+    ctx = context("fp16-static")
+    ctx.loss_scale = 2.0**10
+    ctx.captured = {}
+    x = torch.randn(4, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    dy = torch.randn(4, 8)
+    quantized_linear(x, w, None, ctx, "l").backward(dy * ctx.loss_scale)
+    assert torch.equal(ctx.captured["l.grad_output"], dy)
+    assert torch.equal(ctx.captured["l.input"], x.detach())
+    assert torch.equal(ctx.captured["l.weight"], w.detach())
