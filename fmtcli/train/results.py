@@ -75,6 +75,12 @@ class TrainSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise UsageError(Param(name, value) + ": must be a positive number")
+        for name in ("warmup", "weight_decay", "clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise UsageError(Param(name, value) + ": must be a number >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(Param("threads", self.threads) + ": must be >= 1")
         if self.device not in DEVICES:
             raise UsageError(Param("device", self.device) + ": the device is cpu or cuda")
         self._check_capture()

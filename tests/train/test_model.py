@@ -177,7 +177,8 @@ def test_batches_are_seeded_windows():
     ({"width": 65536, "layers": 64}, "GiB"), ({"batch": 10**6, "seq": 4096}, "GiB"),
     ({"device": "tpu"}, "cpu or cuda"), ({"capture_steps": (3,)}, "needs a folder"),
     ({"capture_dir": "x", "capture_steps": (999,)}, "must be 1 .. 300"),
-    ({"lr": math.nan}, "positive"),
+    ({"lr": math.nan}, "positive"), ({"warmup": -1}, "warmup=-1"),
+    ({"clip": math.inf}, "clip=inf"), ({"threads": 0}, "threads=0"),
 ])
 def test_settings_refused(kwargs, fragment):
     with pytest.raises(UsageError, match=fragment):
