@@ -172,12 +172,19 @@ def _summary_lines(result: TrainResult) -> Text:
     return Text("\n".join(lines))
 
 
+def short_text(value: float) -> str:
+    """Three significant digits, the exponent without its zeros and plus: 2.2e-5, 5.12e4."""
+    text = value_text(value, 3)
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text
+
+
 def _range_text(low: float | None, high: float | None) -> str:
     if low is None or high is None:
         return "-"
     if low == high:
-        return value_text(low, 3)
-    return f"{value_text(low, 3)}..{value_text(high, 3)}"
+        return short_text(low)
+    return f"{short_text(low)}..{short_text(high)}"
 
 
 def _share(value: float | None) -> str:
