@@ -240,3 +240,16 @@ def test_audit(width, which, quantized):
     totals = doc["totals"]
     assert_shown(out, f"{totals['effective_bits_per_param']:.3f}",
                  f"{totals['params']:,}", "Plain data")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", WIDTHS)
+def test_train(width):
+    """A tiny ``fmt train`` (tests/commands/test_train_cli.py has the rest)."""
+    pytest.importorskip("torch")
+    args = ["--steps", "4", "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16",
+            "--batch", "4", "--log-every", "2", "--threads", "1", "--recipe", "tensorwise"]
+    out = table(width, "train", *args)
+    doc = document("train", *args)
+    assert_shown(out, *{f"{p['loss']:.4f}" for r in doc["recipes"] for p in r["losses"]})
+    assert_shown(out, *{t["layer"] for r in doc["recipes"] for t in r["tensors"]})
