@@ -192,7 +192,7 @@ fmt audit model-deepseek-fp8
 fmt audit model-deepseek-fp8 --key 'layer.*' --strict
 fmt audit model.safetensors
 fmt audit missing.safetensors
-fmt train --steps 4 --layers 1 --width 32 --heads 2 --seq 16 --batch 4 --log-every 2 --threads 1 --recipe tensorwise,fp16,fp8-unscaled
+fmt train --steps 4 --layers 1 --width 32 --heads 2 --seq 16 --batch 4 --recipe fp16
 fmt train --recipe tensorwyse
 fmt --version
 fmt nosuchcommand
