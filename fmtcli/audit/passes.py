@@ -2,12 +2,10 @@
 
 ``measured(q)`` reads one tensor (``stats.measure``) and decodes its scales;
 ``measure_all`` runs the passes on ``workers`` forked processes
-(``streaming.parallel.run_tasks``): a tensor of at least two chunks per worker has its
-chunks spread over them (``stats.measure(workers=...)``, merged in chunk order), the
-others go one per worker (tensor i on worker i % workers), each writing its figures into
-one row of shared memory, merged back in checkpoint order.  A
-tensor is measured by one process whatever the count, so the figures do not depend on
-it.  A tensor a worker cannot read is measured again here, where its error becomes a
+(``streaming.parallel.run_tasks``, one fork for the whole checkpoint): every tensor's
+chunks are tasks spread over them, each writing its chunk's figures into one row of
+shared memory, merged back per tensor in chunk order, so the figures do not depend on
+the count.  A tensor a worker cannot read is measured again here, where its error becomes a
 failed check with its message.  Scales are decoded again here for the checks, one tensor
 at a time (a model's scales together could be gigabytes).
 """
@@ -32,7 +30,12 @@ def floor_to_max(q, scales) -> bool:
     rounding), not to the amax's binade as MX's rule does ([2^emax, 2^(emax+1)))."""
     if scales is None or is_mx(q):
         return False
-    s = np.asarray(scales, dtype=np.float64)
+    s = np.asarray(scales).reshape(-1)
+    head = s[:4096].astype(np.float64)  # most layouts show a non-power of two at once
+    head = head[np.isfinite(head) & (head > 0)]
+    if head.size and not np.all(np.frexp(head)[0] == 0.5):
+        return False
+    s = s.astype(np.float64)
     s = s[np.isfinite(s) & (s > 0)]
     return bool(s.size) and bool(np.all(np.frexp(s)[0] == 0.5))
 
@@ -45,15 +48,6 @@ def _scales(q):
         return q.scales_reader(), None
     except (FmtError, ValueError) as error:
         return None, str(error)
-
-
-def _chunks(q, chunk_elements: int) -> int:
-    """How many chunks ``q``'s pass reads; 0 where one group spans a matrix (read in one
-    process)."""
-    from fmtcli.audit.stats import Pass
-
-    run = Pass(q, None, None)
-    return 0 if run.spanning else sum(1 for _ in run.chunks(chunk_elements))
 
 
 def measured(q, chunk_elements: int = CHUNK_ELEMENTS, figures=None) -> Measured | None:
@@ -88,41 +82,78 @@ def _figures(row: np.ndarray) -> tuple[ValueStats, CodeStats | None]:
     return values, CodeStats(n[7], n[8], n[9], n[10], n[11], n[12], float(row[13]))
 
 
+#: (tensor, chunk) tasks of one ``measure_all`` batch at most (their rows in shared memory)
+TASK_BATCH = 1 << 16
+
+
+def _tasks(quantized: list, readable: list[int], chunk_elements: int):
+    """index -> (empty pass, power_of_two) of every readable tensor whose scales decode,
+    and the tasks: (index, (r0, r1, matrix end)) per chunk, or (index, None) for a tensor
+    whose group spans a matrix (read whole, in one process)."""
+    from fmtcli.audit.stats import new_pass
+
+    runs, tasks = {}, []
+    for i in readable:
+        q = quantized[i]
+        try:
+            scales, _ = _scales(q)
+            pow2 = floor_to_max(q, scales)
+        except (FmtError, ValueError):
+            continue  # measured in ``measured``, for its message
+        runs[i] = (new_pass(q, pow2), pow2)
+        run = runs[i][0]
+        tasks += [(i, None)] if run.spanning else [(i, c) for c in run.chunks(chunk_elements)]
+    return runs, tasks
+
+
 def measure_all(quantized: list, chunk_elements: int, workers: int) -> dict[int, tuple]:
     """index -> (values, codes) of every readable tensor of ``quantized`` measured on
-    ``workers`` forked workers (empty with one worker: ``measured`` reads each in turn)."""
+    ``workers`` forked workers (empty with one worker: ``measured`` reads each in turn).
+
+    One fork of the workers serves every tensor: the tasks are the tensors' chunks (whole
+    scale groups each) in checkpoint order, task k on worker k % workers, each writing its
+    chunk's ``Pass.state`` into a row of shared memory; a tensor's rows are merged in
+    chunk order, the sums one process would form.  A tensor whose group spans a matrix is
+    one task.  A tensor a worker cannot read is left to ``measured``."""
+    from fmtcli.audit.stats import STATE, new_pass
     from fmtcli.streaming import parallel
 
     readable = [i for i, q in enumerate(quantized) if not q.problems]
     if workers <= 1 or not readable or not parallel.can_fork():
         return {}
-    found = {}
-    big = [i for i in readable if _chunks(quantized[i], chunk_elements) >= 2 * workers]
-    for i in big:  # one at a time, its chunks on the workers
-        q = quantized[i]
-        try:
-            scales, _ = _scales(q)
-            found[i] = measure(q, chunk_elements, floor_to_max(q, scales), workers)
-        except (FmtError, ValueError):
-            pass  # measured again in ``measured``, for its message
-    todo = [i for i in readable if i not in found and i not in big]
-    if len(todo) <= 1:
-        return found
-    rows = parallel.shared_array((len(todo), COLUMNS), np.float64)
+    runs, tasks = _tasks(quantized, readable, chunk_elements)
+    found, failed = {}, set()
+    for start in range(0, len(tasks), TASK_BATCH):
+        batch = tasks[start:start + TASK_BATCH]
+        rows = parallel.shared_array((len(batch), COLUMNS), np.float64)
 
-    def task(item: int, worker: int) -> int:
-        q = quantized[todo[item]]
-        try:
-            scales, _ = _scales(q)
-            values, codes = measure(q, chunk_elements, floor_to_max(q, scales))
-        except (FmtError, ValueError):
-            rows[item, 0] = 2  # measured again in the parent, for its message
-            return 0
-        rows[item] = _row(values, codes)
-        return q.size
+        def task(item: int, worker: int, batch=batch, rows=rows) -> int:
+            i, chunk = batch[item]
+            q, pow2 = quantized[i], runs[i][1]
+            try:
+                if chunk is None:
+                    rows[item] = _row(*measure(q, chunk_elements, pow2))
+                    return q.size
+                one = new_pass(q, pow2)
+                one.add(*chunk)
+                rows[item, 1:1 + STATE] = one.state()
+            except (FmtError, ValueError):
+                rows[item, 0] = 2  # measured again in the parent, for its message
+                return 0
+            rows[item, 0] = 1
+            return (chunk[1] - chunk[0]) * one.cols
 
-    parallel.run_tasks(task, len(todo), workers)
-    found.update({i: _figures(rows[k]) for k, i in enumerate(todo) if rows[k, 0] == 1})
+        parallel.run_tasks(task, len(batch), workers)
+        for k, (i, chunk) in enumerate(batch):
+            if rows[k, 0] != 1:
+                failed.add(i)
+            elif chunk is None:
+                found[i] = _figures(rows[k])
+            else:
+                runs[i][0].merge(rows[k, 1:1 + STATE])  # in chunk order
+    for i, (run, _) in runs.items():
+        if i not in failed and i not in found:
+            found[i] = (run.values(), run.codes())
     return found
 
 

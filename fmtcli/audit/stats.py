@@ -347,6 +347,14 @@ def _height(shape: tuple[int, ...], rows: int) -> int:
     return max(1, rows)
 
 
+def new_pass(q, power_of_two: bool = False) -> Pass:
+    """An empty pass over ``q`` (``measure``'s ``power_of_two``); asymmetric integers
+    (a zero point) have no code counts."""
+    top = None if "zero_point" in q.parts else element_top(q.element)
+    return Pass(q, top, low_limit(q.element, top[0]) if top is not None else None,
+                power_of_two)
+
+
 def measure(q, chunk_elements: int = CHUNK_ELEMENTS, power_of_two: bool = False,
             workers: int = 1) -> tuple[ValueStats, CodeStats | None]:
     """One streamed pass over ``q``: its dequantized statistics and its code counts.
@@ -358,11 +366,9 @@ def measure(q, chunk_elements: int = CHUNK_ELEMENTS, power_of_two: bool = False,
     from fmtcli.streaming.stream import keep_freed_memory
 
     keep_freed_memory()  # chunk buffers reused, not page-faulted in afresh (as quantize)
-    top = None if "zero_point" in q.parts else element_top(q.element)  # asymmetric: n/a
 
     def fresh() -> Pass:
-        return Pass(q, top, low_limit(q.element, top[0]) if top is not None else None,
-                    power_of_two)
+        return new_pass(q, power_of_two)
     run = fresh()
     chunks = list(run.chunks(chunk_elements))
     if workers > 1 and not run.spanning and len(chunks) > 1:
