@@ -939,6 +939,17 @@ def _inf_model(tmp: Path) -> Path:
     return folder
 
 
+def _finite_twin(tmp: Path) -> Path:
+    """``_inf_model``'s weight with its NaN and inf replaced by 0 (a layout can hold it)."""
+    folder = tmp / "finite"
+    if not folder.exists():
+        folder.mkdir()
+        weight = load_path(str(_inf_model(tmp)))[0].array()
+        write_st(folder / "model.safetensors", {f"{M}.weight": np.where(
+            np.isfinite(weight), weight, np.float32(0))})
+    return folder
+
+
 def _written(tmp: Path, source: Path, *options) -> Path:
     """``fmt quantize SOURCE --out DIR OPTIONS`` (in process): DIR."""
     from cli_helpers import succeeds
@@ -1015,8 +1026,9 @@ CLI_CASES = {
         t, "gptoss", all_scales(float("nan")), name="b"), "--json"],
     "compare-5d-self": lambda t: ["compare", _case(t, "deepseek", all_5d, name="a"),
                                   _case(t, "deepseek", all_5d, name="b"), "--json"],
+    # (--layout refuses the NaN/inf weight itself: its finite twin's layout is TEST)
     "compare-inf-ref-vs-its-layout": lambda t: ["compare", _inf_model(t), _written(
-        t, _inf_model(t), "--recipe", "nvfp4", "--layout", "compressed-tensors")],
+        t, _finite_twin(t), "--recipe", "nvfp4", "--layout", "compressed-tensors")],
     "compare-plain-vs-empty": lambda t: ["compare", _plain_model(t), _case(
         t, "modelopt", codes_no_rows)],
     # fmt quantize: the dequantized input, or one Error line
@@ -1187,21 +1199,19 @@ def test_leading_ones_read_as_the_matrix_itself(tmp_path, layout, lead):
 
 
 @pytest.mark.parametrize("layout", ["compressed-tensors", "modelopt-nvfp4"])
-def test_a_nan_weight_exported_as_nvfp4_decodes_to_the_engines_values(tmp_path, layout):
-    """NaN and inf in a weight: the --layout folder decodes to the engine's x_q (its .npy),
-    NaN where the engine has NaN (not a silent 0), to within the layouts' one ulp."""
-    from cli_helpers import succeeds
+def test_a_nan_weight_exported_as_nvfp4_is_refused(tmp_path, layout):
+    """NaN and inf in a weight: fmt's own --out records the engine's x_q with its NaN; a
+    --layout folder (a model loaders serve) is refused in one line naming the tensor, and
+    nothing is written (tests/commands/test_layout_out_edges.py has every layout)."""
+    from cli_helpers import assert_data_error, invoke, succeeds
 
     source = _inf_model(tmp_path)
     succeeds("quantize", source, "--recipe", "nvfp4", "--out", tmp_path / "x.npy")
-    succeeds("quantize", source, "--recipe", "nvfp4", "--out", tmp_path / "dir",
-             "--layout", layout)
-    engine = np.load(tmp_path / "x.npy")
-    (read,) = [s for s in load_path(str(tmp_path / "dir")) if s.quantized is not None]
-    values = read.quantized.dequantize()
-    np.testing.assert_array_equal(np.isnan(values), np.isnan(engine))
-    assert np.isnan(engine).any()
-    np.testing.assert_allclose(values, engine, rtol=2 ** -23, atol=0)
+    assert np.isnan(np.load(tmp_path / "x.npy")).any()
+    assert_data_error(invoke("quantize", source, "--recipe", "nvfp4", "--out",
+                             tmp_path / "dir", "--layout", layout),
+                      f"{M}.weight", "6 NaN or infinite values", "nothing written")
+    assert not (tmp_path / "dir").exists()
 
 
 # -- every layout broken, through compare and quantize in process ------------------------------
