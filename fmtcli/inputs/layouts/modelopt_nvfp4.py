@@ -31,13 +31,16 @@ configs confirm (``facts["config_scheme"]``).  A float8_e4m3fn weight with a flo
 (``x = code * weight_scale``), with the mismatch as its problem.
 
 Stacked experts (E x O x I/2 with E x O x I/16 block scales) are read matrix by matrix; a
-``weight_scale_2`` with one value per matrix applies to its own.
+``weight_scale_2`` with one value per matrix applies to its own.  A ``weight_scale_2`` that
+is NaN, inf, zero or negative is the tensor's problem (not read), as compressed-tensors'
+NVFP4 reader treats a bad ``weight_global_scale`` (``ct_nvfp4._global``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fmtcli.base.errors import DataError
 from fmtcli.inputs.checkpoints import config_folder
 from fmtcli.inputs.layouts.base import (
     FP4_TABLE,
@@ -143,10 +146,26 @@ def _shape_problems(codes, scales, second, size: int) -> list[str]:
     return problems
 
 
+def _global_problems(second) -> list[str]:
+    """A ``weight_scale_2`` that is NaN, inf, zero or negative (or unreadable) as a
+    problem, as ``ct_nvfp4._global`` says a bad ``weight_global_scale``: every value it
+    covers would decode to NaN, inf, 0 or the wrong sign, so the tensor is not read."""
+    try:
+        values = np.asarray(values_of(second), dtype=np.float64).reshape(-1)
+    except (DataError, ValueError, OSError) as error:
+        return [f"{second.key} is unreadable: {error}"]
+    bad = values[~(np.isfinite(values) & (values > 0))]
+    if bad.size:
+        return [f"{second.key} holds {float(bad[0])!r}, not a positive number"]
+    return []
+
+
 def _nvfp4(checkpoint, key, codes, scales, facts) -> Quantized:
     parts = {"codes": codes, "scales": scales, **_extra_parts(checkpoint, key)}
     second, size = parts.get("global_scale"), facts["group_size"]
     problems = _shape_problems(codes, scales, second, size)
+    if not problems:
+        problems = _global_problems(second)
     shape = tuple(codes.shape[:-1]) + (2 * codes.shape[-1],) if codes.shape else (0,)
     width, height = shape[-1], (shape[-2] if len(shape) > 1 else 1)
     cols = matrix_shape(shape)[1]
