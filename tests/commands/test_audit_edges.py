@@ -102,3 +102,27 @@ def test_a_bad_modelopt_global_scale_is_a_problem_of_the_reader(tmp_path):
     healthy = lf.nvfp4_modelopt(tmp_path / "healthy", lf.linear_init(0, (64, 128)), key=KEY)
     (q,) = layouts.scan(load_path(str(healthy.path), as_stored=True)).quantized
     assert q.problems == []
+
+
+# -- 4: compressed-tensors' int8 (int-quantized) has its own layout name ------------------------
+
+def test_an_int8_compressed_tensors_file_is_not_named_fp8(tmp_path):
+    """int-quantized int8 weights: ``compressed-tensors-int8`` (table at 80 columns and
+    JSON), while FP8 files keep ``compressed-tensors-fp8`` (a stable JSON key)."""
+    stem, w = KEY[: -len(".weight")], lf.linear_init(0, (64, 128))
+    folders = {scheme: lf.write_layout(tmp_path / scheme, lf.ct_tensors(stem, w, scheme),
+                                       lf.ct_config(scheme))
+               for scheme in ("int8-naive", "fp8-channel")}
+    done = run_fmt_each([["audit", folders["int8-naive"], "--json"],
+                         ["audit", folders["int8-naive"]],
+                         ["audit", folders["fp8-channel"], "--json"]])
+    (c1, out1, e1), (c2, out2, e2), (c3, out3, e3) = done
+    assert c1 == c2 == c3 == 0, (e1, e2, e3)
+    doc = strict_loads(out1.decode())
+    assert doc["layouts"] == ["compressed-tensors-int8"]
+    assert [(t["layout"], t["element"]) for t in doc["tensors"]] == [
+        ("compressed-tensors-int8", "int8")]
+    table = out2.decode()
+    assert "compressed-tensors-int8" in table and "-fp8" not in table
+    assert_fits(table, 80)
+    assert strict_loads(out3.decode())["layouts"] == ["compressed-tensors-fp8"]

@@ -33,7 +33,9 @@ The same compressor writes 8-bit *integer* weights (``int-quantized``: the ``W8A
 preset, ``quantization/quant_scheme.py``, int8 per channel, symmetric): ``weight`` int8,
 ``weight_scale`` as above, ``x = (q - zero_point) * weight_scale`` with ``weight_scale =
 amax / 127.5`` (``calculate_qparams``: ``(q_max - q_min) / 2``); claimed here too, its
-element ``int8`` (exact: fmt forms the product in float64 and rounds once).
+element ``int8``, its layout named ``INT_NAME`` (``compressed-tensors-int8``; FP8 files
+keep ``compressed-tensors-fp8``) (exact: fmt forms the product in float64 and rounds
+once).
 
 Detected from the tensors alone (``weight`` float8_e4m3fn or int8 beside a float ``weight_scale``
 of a shape one of the strategies gives); the config picks the strategy where two shapes
@@ -54,6 +56,8 @@ from fmtcli.inputs.layouts.lookup import byte_float_values, per_block, tile_rows
 from fmtcli.numerics.granularity import ScaleGroup, matrix_shape
 
 NAME = "compressed-tensors-fp8"
+#: the same compressor's int8 weights (``int-quantized``): their own name, not "fp8"
+INT_NAME = "compressed-tensors-int8"
 DESCRIPTION = ("float8_e4m3fn (or int8) weight x weight_scale (per tensor, channel, group "
                "or block), compressed-tensors float-/naive-/int-quantized")
 REFERENCE = ("compressed-tensors 0.20.1: compressors/naive_quantized/base.py; "
@@ -264,7 +268,8 @@ def _quantized(checkpoint: Checkpoint, module: str, codes, scales) -> Quantized:
              "quant_method": (checkpoint.config or {}).get("quant_method"),
              "tile": list(tile), "zero_point": "zero_point" in parts}
     rows, elements, grid, raw = _readers(parts, shape, strategy, tile)
-    return Quantized(NAME, codes.key, codes.source, shape, codes.dtype, scales.dtype,
+    name = INT_NAME if codes.dtype == "int8" else NAME
+    return Quantized(name, codes.key, codes.source, shape, codes.dtype, scales.dtype,
                      group, parts, rows, facts, elements, grid, problems, raw)
 
 
