@@ -51,7 +51,7 @@ LAYOUTS = {"deepseek-fp8": "deepseek-fp8", "deepseek-ue8m0": "deepseek-fp8",
            "ct-mxfp4": "compressed-tensors-mx", "ct-nvfp4": "compressed-tensors-nvfp4",
            "ct-int4": "compressed-tensors-pack", "ct-int8": "compressed-tensors-pack",
            "ct-int8-channel": "compressed-tensors-pack",
-           "ct-int8-naive": "compressed-tensors-fp8",  # int-quantized: the same compressor
+           "ct-int8-naive": "compressed-tensors-int8",  # int-quantized: the same compressor
            "modelopt-nvfp4": "modelopt-nvfp4", "gptoss-mxfp4": "gptoss-mxfp4",
            "kv-scales": "kv-scales", "fmt-out-fp8": "fmt-out", "fmt-out-nvfp4": "fmt-out",
            "fmt-out-mxfp4": "fmt-out"}
