@@ -40,9 +40,13 @@ def text(tmp_path_factory) -> str:
 
 
 def torchao_cast(x, dtype):
-    """torchao's per-tensor cast and dequantization, as its emulated GEMM sees the input."""
-    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
-    from torchao.float8.float8_utils import tensor_to_scale
+    """torchao's per-tensor cast and dequantization, as its emulated GEMM sees the input
+    (torchao's internals of 0.18: a release that moves them skips, not fails)."""
+    try:
+        from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+        from torchao.float8.float8_utils import tensor_to_scale
+    except ImportError as exc:
+        pytest.skip(f"torchao's float8 internals moved: {exc}")
 
     t = hp_tensor_and_scale_to_float8(x, tensor_to_scale(x, dtype), dtype)
     return t._data.float() / t._scale
@@ -64,7 +68,10 @@ def test_tensorwise_cast_is_torchaos_to_the_bit(role, dtype):
 
 
 def test_peer_model_is_converted_and_shares_the_parameters(text):
-    from torchao.float8.float8_linear import Float8Linear
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError as exc:
+        pytest.skip(f"torchao's Float8Linear moved: {exc}")
 
     settings = TrainSettings(**{**TINY, "data": text, "layers": 2})
     session = peer.torchao_session(settings, 0, load_corpus(text, settings.seq))
