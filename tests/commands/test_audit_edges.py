@@ -126,3 +126,38 @@ def test_an_int8_compressed_tensors_file_is_not_named_fp8(tmp_path):
     assert "compressed-tensors-int8" in table and "-fp8" not in table
     assert_fits(table, 80)
     assert strict_loads(out3.decode())["layouts"] == ["compressed-tensors-fp8"]
+
+
+# -- 3: a folder of KV scales alone ---------------------------------------------------------
+
+def test_a_folder_of_kv_scales_alone(tmp_path):
+    """fmt audit checks the scales (0-d as vLLM stores them, and per head); a command that
+    reads data says what it found (scales without codes), not "hold no tensors"; beside a
+    weight they are skipped with that reason and the weight is used."""
+    from safetensors.numpy import save_file as write
+
+    folder = tmp_path / "kv"
+    folder.mkdir()
+    scales = {k: np.asarray(v, np.float32) for k, v in
+              {**lf.kv_tensors(0), **lf.kv_tensors(1, heads=4, seed=1)}.items()}
+    write(scales, str(folder / "model.safetensors"))
+    weight = tmp_path / "w.safetensors"
+    write_safetensors(weight, {"model.layers.0.mlp.up_proj.weight": lf.linear_init(0, (16, 64))})
+    done = run_fmt_each([["audit", folder, "--json"], ["audit", folder],
+                         ["quantize", folder], ["quantize", folder, weight, "--json"]])
+    (c1, out1, e1), (c2, out2, e2), (c3, out3, e3), (c4, out4, e4) = done
+    assert c1 == c2 == 0, (e1, e2)
+    doc = strict_loads(out1.decode())
+    assert doc["layouts"] == ["kv-scales"] and len(doc["tensors"]) == 4
+    assert {t["shape"] == [] for t in doc["tensors"]} == {True, False}
+    assert_fits(out2.decode(), 80)
+    lines = e3.decode().splitlines()
+    assert c3 == 1 and out3 == b"" and len(lines) == 1, lines
+    assert lines[0].startswith("Error: nothing to quantize") and "no tensors" not in lines[0]
+    assert "a scale without codes (kv-scales; fmt audit checks it)" in lines[0]
+    assert c4 == 0, e4.decode()
+    result = strict_loads(out4.decode())
+    assert "model.layers.0.mlp.up_proj.weight" in [t["key"] for t in result["tensors"]]
+    assert sorted(t["key"] for t in result["skipped"]) == sorted(scales)
+    assert {t["reason"] for t in result["skipped"]} == {
+        "a scale without codes (kv-scales; fmt audit checks it)"}

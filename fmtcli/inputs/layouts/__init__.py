@@ -105,6 +105,8 @@ def dequantized(sources: list[TensorSource], config: dict | None = None,
     result = scan(sources, config)
     if not result.quantized:
         return sources
+    if not result.plain and all("codes" not in q.parts for q in result.quantized):
+        return scales_only(result.quantized)
     by_codes = {id(q.parts["codes"]): q for q in result.quantized if "codes" in q.parts}
     kept = {id(s) for s in result.plain}
     out = []
@@ -116,6 +118,18 @@ def dequantized(sources: list[TensorSource], config: dict | None = None,
     if note:
         _say(result.quantized)
     return out
+
+
+def scales_only(found: list[Quantized]) -> list[TensorSource]:
+    """An input of scale tensors alone (KV-cache scales: no codes, no weight) as what it
+    holds: each scale a skipped source saying what it is, so that a command says exactly
+    what it found ("nothing to quantize (...: a KV-cache scale ...)") instead of "no
+    tensors"; ``fmt audit`` reads the input as stored and checks them."""
+    from dataclasses import replace
+
+    return [replace(q.parts["scales"], opener=None,
+                    skipped=f"a scale without codes ({q.layout}; fmt audit checks it)")
+            for q in found]
 
 
 def _say(found: list[Quantized]) -> None:

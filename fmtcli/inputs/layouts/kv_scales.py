@@ -15,8 +15,9 @@ claimed as a ``Quantized`` whose only part is ``{"scales": ...}`` -- its ``shape
 scale's, ``rows_reader`` / ``scales_reader`` the scale values themselves (float32, as
 stored, no direction applied) and ``elements_reader`` None.  ``layouts.dequantized`` keeps
 only groups with a ``codes`` part, so the scales leave the data every analysis reads
-(``fmt quantize`` no longer quantizes a scale as if it were a weight), while ``layouts.scan``
-still shows them to ``fmt audit``, which checks them: positive, finite, one per tensor or
+(``fmt quantize`` no longer quantizes a scale as if it were a weight; an input of scales
+alone gives them as skipped sources saying what they are, ``layouts.scales_only``), while
+``layouts.scan`` still shows them to ``fmt audit``, which checks them: positive, finite, one per tensor or
 per head, the direction.  ``group`` is what one value covers of the tensor exposed here
 (the scale vector: ``tensor`` for a scalar, ``block 1`` for one per head, so that counting
 scales against ``shape`` holds); ``facts["granularity"]`` is what it covers in the KV cache
