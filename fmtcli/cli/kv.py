@@ -92,11 +92,10 @@ def kv_command(
 
         names: dict = {}
         streams = kv_streams([s for f in files for s in load_path(f)], layout,
-                             names=names) if files else {}
+                             names=names) if files else None
         for kind, path in (("k", k_file), ("v", v_file)):
             if path is not None:
                 streams = kv_streams(load_path(path), layout, kind, streams, names)
-        streams = dict(sorted(streams.items()))
     else:
         if layout != "tokens,heads,dim":
             raise UsageError("--layout describes FILEs; the built-in example has none")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -61,40 +62,76 @@ def stream_of(source: TensorSource, kind: str | None = None
     return (int(index.group(1)) if index else None), kind
 
 
+class KvStreams(Mapping):
+    """(layer, 'k'/'v') -> (tokens, heads, dim) float32, each made from its tensor when it is
+    asked for and not kept: one stream in memory at a time (and the one before it while
+    the next is made), not every K and V of a dump at once.  ``loaders``: key -> a
+    function making the array (``kv_streams`` checks each once when it is found)."""
+
+    def __init__(self, loaders: dict) -> None:
+        self.loaders = dict(sorted(loaders.items()))
+
+    def __getitem__(self, key) -> np.ndarray:
+        return self.loaders[key]()
+
+    def __iter__(self):
+        return iter(self.loaders)
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+
+def _loader(source: TensorSource, axes: tuple[str, ...], layer: int | None = None):
+    """A function making ``source``'s (layer ``layer`` of a layers axis) stream."""
+    def load() -> np.ndarray:
+        data = np.asarray(source.array())
+        if layer is None:
+            return _to_tokens_heads_dim(data, axes, source.name)
+        part = np.moveaxis(data, axes.index("layers"), 0)[layer]
+        return _to_tokens_heads_dim(part, tuple(a for a in axes if a != "layers"),
+                                    source.name)
+    return load
+
+
 def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
-               kind: str | None = None, out: dict | None = None,
-               names: dict | None = None) -> dict[tuple[int, str], np.ndarray]:
+               kind: str | None = None, out: KvStreams | None = None,
+               names: dict | None = None) -> KvStreams:
     """(layer, 'k'/'v') -> (tokens, heads, dim) float32 of every K and V tensor (every
-    tensor is of stream ``kind`` when given), added to ``out`` when given; ``names``, when
-    given, gets (layer, 'k'/'v') -> the tensor's name, for errors."""
+    tensor is of stream ``kind`` when given), added to ``out``'s when given; ``names``, when
+    given, gets (layer, 'k'/'v') -> the tensor's name, for errors.  The arrays are made when
+    read (``KvStreams``); each new one is made once here, so that a bad tensor (NaN, all
+    zero, the wrong axes) is refused before any analysis."""
     names = {} if names is None else names
     axes = parse_layout(layout)
-    out = {} if out is None else out
+    loaders = {} if out is None else dict(out.loaders)
+    new = []
     for source in sources:
         found = stream_of(source, kind)
         if found is None or source.skipped:
             continue
         layer, stream = found
-        data = source.array()
         if "layers" in axes:
             if layer is not None:
                 raise DataError(f"{shown(source.name)}: the layout has a layers axis, but "
                                 "the name gives a layer too")
-            data = np.moveaxis(np.asarray(data), axes.index("layers"), 0)
-            inner = tuple(a for a in axes if a != "layers")
-            for i, part in enumerate(data):
-                if (i, stream) in out:
+            if len(source.shape) != len(axes):  # _to_tokens_heads_dim's words
+                raise DataError(f"{shown(source.name)}: {len(source.shape)} axes, but the "
+                                f"layout names {len(axes)} ({','.join(axes)}): give --layout")
+            for i in range(source.shape[axes.index("layers")]):
+                if (i, stream) in loaders:
                     raise DataError(f"{shown(source.name)}: a second {stream.upper()} of "
                                     f"layer {i}")
-                out[(i, stream)] = _to_tokens_heads_dim(part, inner, source.name)
+                loaders[(i, stream)] = _loader(source, axes, i)
                 names[(i, stream)] = f"{source.name}[{i}]"
+                new.append((i, stream))
             continue
         key = (0 if layer is None else layer, stream)
-        if key in out:
+        if key in loaders:
             raise DataError(f"{shown(source.name)}: a second {stream.upper()} of layer {key[0]}")
-        out[key] = _to_tokens_heads_dim(np.asarray(data), axes, source.name)
+        loaders[key] = _loader(source, axes)
         names[key] = source.name
-    if not out:
+        new.append(key)
+    if not loaders:
         skipped = [f"{shown(s.name)}: {s.skipped}" for s in sources
                    if s.skipped and stream_of(s, kind)]
         if skipped:
@@ -102,7 +139,9 @@ def kv_streams(sources: list[TensorSource], layout: str = DEFAULT_LAYOUT,
         names = ", ".join(shown(s.name) for s in sources[:4])
         raise DataError(f"no K or V tensor in {names or 'the inputs'} (names ending in "
                         ".k/.key/.k_cache or .v/.value/.v_cache)")
-    return dict(sorted(out.items()))
+    for key in new:  # each checked once, then let go
+        loaders[key]()
+    return KvStreams(loaders)
 
 
 def example_kv(layers: int = 2, tokens: int = 512, heads: int = 4, dim: int = 64,

@@ -19,10 +19,13 @@ from cli_helpers import (
     invoke,
     json_of,
     run_fmt,
+    run_fmt_each,
+    strict_loads,
     succeeds,
 )
 from safetensors.numpy import load_file, save_file
 
+from fmtcli.base.errors import DataError
 from fmtcli.kv import analyse_kv, candidate_scale, example_kv, measure
 from fmtcli.numerics.formats import get_format
 
@@ -317,3 +320,49 @@ def test_format_goes_through_the_shared_parser():
     assert doc["format"] == "float8_e4m3fnuz" and doc["fp8_max"] == 240.0
     assert_usage_error(invoke("kv", "--format", "bf16"), "KV-cache format", "e4m3fnuz")
     assert_usage_error(invoke("kv", "--format", "e4m3fn,e5m2"), "one format")
+
+
+# -- a dump read one stream at a time ---------------------------------------------------------
+
+def test_kv_streams_are_made_when_read_and_not_kept():
+    """kv_streams checks every K and V once (a bad one is refused before any analysis) and
+    keeps only how to make them: the analysis holds one stream at a time, not the dump."""
+    from fmtcli.inputs.source import TensorSource
+    from fmtcli.kv.inputs import KvStreams, kv_streams
+
+    rng = np.random.default_rng(0)
+    data = {f"layers.{i}.{s}": rng.standard_normal((8, 2, 4)).astype(np.float32)
+            for i in range(3) for s in "kv"}
+    opened = []
+
+    def source(key, array):
+        return TensorSource("dump", key, array.shape, "float32",
+                            lambda: opened.append(key) or array)
+
+    streams = kv_streams([source(k, a) for k, a in data.items()])
+    assert isinstance(streams, KvStreams) and sorted(opened) == sorted(data)
+    assert all(callable(f) for f in streams.loaders.values())
+    np.testing.assert_array_equal(streams[(2, "v")], data["layers.2.v"])
+    bad = dict(data, **{"layers.2.v": np.full((8, 2, 4), np.nan, np.float32)})
+    with pytest.raises(DataError, match="layers.2.v"):
+        kv_streams([source(k, a) for k, a in bad.items()])
+
+
+def test_kv_on_a_sharded_folder_equals_one_file(tmp_path):
+    """K in one shard, V in another, read as a folder (fresh process): the same figures as
+    the same tensors in one file; bounded by one stream, not the dump."""
+    rng = np.random.default_rng(1)
+    k = {f"layers.{i}.k": rng.standard_normal((64, 2, 16)).astype(np.float32) for i in range(2)}
+    v = {f"layers.{i}.v": (rng.standard_t(3, (64, 2, 16)) * 0.1).astype(np.float32)
+         for i in range(2)}
+    (tmp_path / "shards").mkdir()
+    save_file(k, str(tmp_path / "shards" / "k.safetensors"))
+    save_file(v, str(tmp_path / "shards" / "v.safetensors"))
+    save_file({**k, **v}, str(tmp_path / "one.safetensors"))
+    (c1, o1, e1), (c2, o2, e2) = run_fmt_each([
+        ["kv", tmp_path / "shards", "--candidates", "unit,amax", "--json"],
+        ["kv", tmp_path / "one.safetensors", "--candidates", "unit,amax", "--json"]])
+    assert c1 == c2 == 0, (e1, e2)
+    sharded, one = strict_loads(o1.decode()), strict_loads(o2.decode())
+    sharded.pop("inputs"), one.pop("inputs")
+    assert sharded == one and len(one["streams"]) == 4
