@@ -47,6 +47,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -311,9 +312,12 @@ def run_one(app, invocation: str, tmp: Path) -> str:
     result = runner.invoke(app, shlex.split(command)[1:], env=env,
                            input=stdin + "\n" if stdin else None)
     written = sorted(set(tmp.iterdir()) - before)
-    files = "".join(f"{p.name} {p.stat().st_size} {sha256(p)}\n" for p in written)
+    # a folder written (--out DIR --layout ...): each of its files, by its path inside
+    listed = [(q, q.relative_to(tmp).as_posix()) for p in written
+              for q in ([p] if p.is_file() else sorted(p.rglob("*"))) if q.is_file()]
+    files = "".join(f"{name} {q.stat().st_size} {sha256(q)}\n" for q, name in listed)
     for p in written:
-        p.unlink()
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     out = (f"$ {invocation}\nexit {result.exit_code}\n--- stdout\n{result.stdout}"
            f"--- stderr\n{result.stderr}" + (f"--- files\n{files}" if files else ""))
     return mask(out, str(tmp)) + "=== end\n"
