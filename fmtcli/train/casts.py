@@ -17,9 +17,12 @@ all.  On the CPU torch and numpy share the memory (no copy); a CUDA tensor is co
 host and back (correct, not fast).
 
 ``CastCount`` sums what the casts did to one (layer, role) over the steps: values flushed
-to zero, values saturated (``|x * s|`` at or past the rounding threshold of the format's
-max, ``rounding.beyond_threshold``: the engine's definition), and the ranges of amax and
-scale.  Scales are fmt's direction (multiply to enter the format's range).
+to zero, values saturated (those whose rounding lay past the format's max, the engine's
+count: ``|x * s|`` at or past ``rounding.beyond_threshold`` under nearest-even, 448.01 ->
+448 is not one; under stochastic rounding the draws that went past), and the ranges of
+amax and scale.  FP8 nearest-even casts of whole tiles go by torch's own float8
+conversion, to the bit the same (``train.torch_casts``, as plain 16-bit casts).
+Scales are fmt's direction (multiply to enter the format's range).
 """
 
 from __future__ import annotations
@@ -36,10 +39,17 @@ from fmtcli.base.errors import UsageError
 from fmtcli.engine.chunk_parts import Plan, nvfp4_tensor_scale, scales_for
 from fmtcli.numerics.formats import FormatSpec, get_format
 from fmtcli.numerics.granularity import ScaleGroup
-from fmtcli.numerics.rounding import PositionalUniform, beyond_threshold, round_to_format
+from fmtcli.numerics.rounding import (
+    PositionalUniform,
+    apply_range,
+    beyond_threshold,
+    round_to_format,
+    round_unbounded,
+)
 from fmtcli.numerics.schemes import ScaleFormat, Scheme
 from fmtcli.numerics.tiles import from_codes, is_narrow, tile_amax, tile_view, untile
 from fmtcli.train import hadamard as rht
+from fmtcli.train import torch_casts as fast
 
 if TYPE_CHECKING:  # torch is an optional extra: imported where a tensor is cast
     import torch
@@ -149,7 +159,7 @@ class CastCount:
     elements: int = 0
     nonzero: int = 0
     flushed: int = 0  # nonzero finite inputs that came out 0
-    saturated: int = 0  # |x * s| at or past the format's rounding threshold of max
+    saturated: int = 0  # x * s rounded past the format's max (the engine's count)
     amax_min: float = math.inf
     amax_max: float = -math.inf
     scale_min: float = math.inf
@@ -237,8 +247,16 @@ def _codes(product: np.ndarray, cast: Cast, draws, peak: float) -> tuple[np.ndar
     largest ``fl(amax * scale)`` of the tiles, a bound on every ``|x * scale|`` (rounding
     is monotone, as the engine bounds a chunk): below the threshold nothing is counted."""
     spec = cast.spec
-    codes = round_to_format(product, spec, cast.rounding, cast.overflow_policy, rng=draws)
     limit = beyond_threshold(spec, cast.rounding, product.dtype)
+    if cast.rounding is RoundingMode.STOCHASTIC and not peak < limit:
+        # a product above max rounds past it only for some draws: count those, as the
+        # engine's range step does (round_to_format's own steps, with its counts)
+        flat = product.reshape(-1)
+        counts: dict = {}
+        r = apply_range(flat, round_unbounded(flat, spec, cast.rounding, draws), spec,
+                        cast.rounding, cast.overflow_policy, counts)
+        return r.reshape(product.shape), counts["beyond"] - counts["overflowed"]
+    codes = round_to_format(product, spec, cast.rounding, cast.overflow_policy, rng=draws)
     if peak < limit:  # False for NaN: then counted
         return codes, 0
     return codes, int(np.count_nonzero(np.abs(product) >= limit))
@@ -321,8 +339,12 @@ def fake_quant(x: torch.Tensor, cast: Cast, *, scale: float | None = None,
 
     if cast.identity and count is None:
         return x.detach().to(torch.float32)
-    if _torch_casts(cast, scale):
-        return _torch_plain(x, cast, count)
+    if fast.plain_applies(cast, scale):
+        return fast.plain_cast(x, cast, count)
+    if x.numel() and fast.applies(cast, x):
+        done = fast.cast_tensor(x, cast, scale, count)
+        if done is not None:
+            return done
     device = x.device
     host = x.detach().to(device="cpu", dtype=torch.float32).contiguous()
     rows, cols = as_matrix_shape(tuple(host.shape))
@@ -339,45 +361,6 @@ def fake_quant(x: torch.Tensor, cast: Cast, *, scale: float | None = None,
         out = np.array(out, dtype=np.float32, order="C")
     tensor = torch.from_numpy(out.reshape(tuple(host.shape)))
     return tensor if device.type == "cpu" else tensor.to(device)
-
-
-#: The plain casts torch's own conversion does as ``round_to_format`` does, to the bit
-#: (nearest-even, subnormals, overflow to inf, NaN: tests/train/test_casts.py checks it):
-#: done by torch, on the tensor's device, with no copy to numpy.
-TORCH_CASTS = {"bfloat16": "bfloat16", "float16": "float16"}
-
-
-def _torch_casts(cast: Cast, scale: float | None) -> bool:
-    return (cast.format in TORCH_CASTS and cast.group is None and not cast.hadamard
-            and scale in (None, 1.0) and cast.rounding is RoundingMode.NEAREST_EVEN
-            and cast.overflow_policy is OverflowPolicy.IEEE)
-
-
-def _torch_plain(x: torch.Tensor, cast: Cast, count: CastCount | None) -> torch.Tensor:
-    """A bfloat16 or float16 cast by torch's conversion, counted as ``_count`` counts (on
-    the CPU by numpy on the same memory; on a GPU by torch there)."""
-    import torch
-
-    x = x.detach().to(torch.float32)
-    out = x.to(getattr(torch, TORCH_CASTS[cast.format])).to(torch.float32)
-    if count is None:
-        return out
-    limit = beyond_threshold(cast.spec, cast.rounding, np.float32)
-    if x.device.type == "cpu":
-        m = x.contiguous().numpy().reshape(as_matrix_shape(tuple(x.shape)))
-        amax = float(tile_amax(m.reshape(1, -1), 1, m.size)[0, 0]) if m.size else 0.0
-        saturated = 0 if amax < limit else int(np.count_nonzero(np.abs(m) >= limit))
-        result = CastResult(out, saturated, amax, 1.0, 1.0)
-        _count(count, m, out.numpy().reshape(m.shape), result)
-        return out
-    a = x.abs()
-    amax = float(a.max()) if x.numel() else 0.0
-    nonfinite = 0 if math.isfinite(amax) else int(x.numel() - torch.isfinite(x).sum())
-    count.add(elements=x.numel(), nonzero=int(torch.count_nonzero(x)) - nonfinite,
-              flushed=int(torch.count_nonzero(x)) - int(torch.count_nonzero(out)),
-              saturated=int(torch.count_nonzero(a >= limit)), amax=amax, scale_min=1.0,
-              scale_max=1.0, nonfinite=nonfinite)
-    return out
 
 
 def _count(count: CastCount, x: np.ndarray, out: np.ndarray, result: CastResult) -> None:

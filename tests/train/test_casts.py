@@ -20,7 +20,7 @@ from fmtcli.inputs.source import TensorSource  # noqa: E402
 from fmtcli.numerics.formats import get_format  # noqa: E402
 from fmtcli.numerics.granularity import ScaleGroup  # noqa: E402
 from fmtcli.numerics.schemes import ScaleFormat, Scheme  # noqa: E402
-from fmtcli.train import hadamard  # noqa: E402
+from fmtcli.train import hadamard, torch_casts  # noqa: E402
 from fmtcli.train.casts import Cast, CastCount, fake_quant, quantize_matrix  # noqa: E402
 from fmtcli.train.recipes import RECIPE_NAMES, get_recipe  # noqa: E402
 from fmtcli.train.scaling_state import AmaxHistory  # noqa: E402
@@ -94,9 +94,60 @@ def test_fake_quant_is_the_engines_cast_to_the_bit(cast, data):
     assert got.dtype == torch.float32 and got.shape == x.shape
     np.testing.assert_array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
     assert count.flushed == acc.flushed and count.nonzero == acc.nonzero
-    if cast.rounding is RoundingMode.NEAREST_EVEN:
-        assert count.saturated == acc.saturated
+    assert count.saturated == acc.saturated  # stochastic rounding's too: its draws'
     assert count.elements == x.size and count.steps == 1
+
+
+def fp8_casts():
+    """The recipes' casts that torch's float8 conversion does (``train.torch_casts``)."""
+    return [p for p in recipe_casts() if p.values[0].format in torch_casts.FP8
+            and p.values[0].rounding is RoundingMode.NEAREST_EVEN and not p.values[0].hadamard]
+
+
+@pytest.mark.parametrize("data", list(DATA))
+@pytest.mark.parametrize("cast", fp8_casts())
+def test_torchs_fp8_path_is_the_numpy_path_and_the_engines(cast, data):
+    """Whole tiles (the shape divides every tile): fake_quant takes torch's conversion, and
+    it is numpy's cast (quantize_matrix) and the engine's, values and counts, to the bit."""
+    x = DATA[data]((128, 256))
+    scale = 37.5 if cast.scale_rule is ScaleRule.FIXED else None
+    t = torch.from_numpy(x.copy())
+    assert torch_casts.applies(cast, t)
+    assert torch_casts.fast_cast(t.clone(), cast, scale, True) is not None
+    count = CastCount()
+    got = fake_quant(t, cast, scale=scale, count=count).numpy()
+    numpy_cast = quantize_matrix(x, cast, scale=scale)
+    np.testing.assert_array_equal(got.view(np.uint32), numpy_cast.values.view(np.uint32))
+    expected, acc = engine(x, scheme_of(cast, scale))
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert (count.flushed, count.nonzero, count.saturated) == (acc.flushed, acc.nonzero,
+                                                               acc.saturated)
+    assert count.saturated == numpy_cast.saturated
+    assert (count.scale_min, count.scale_max) == (numpy_cast.scale_min, numpy_cast.scale_max)
+    assert count.amax_max == numpy_cast.amax
+    np.testing.assert_array_equal(t.numpy(), x)  # the input is untouched
+
+
+def test_torchs_fp8_conversion_is_checked_before_use(monkeypatch):
+    """``agrees``: the installed torch's float8 conversion is fmt's rounding on every kind
+    of pattern; a conversion that is not (round toward zero here) is refused, and
+    fake_quant then casts by numpy, still the engine's values."""
+    assert torch_casts.agrees("float8_e4m3fn") and torch_casts.agrees("float8_e5m2")
+
+    def truncating(p, name, fmax):
+        return p.clamp_(-fmax, fmax).to(getattr(torch, name)).to(torch.float32).trunc()
+
+    monkeypatch.setattr(torch_casts, "_convert", truncating)
+    torch_casts.agrees.cache_clear()
+    try:
+        assert not torch_casts.agrees("float8_e4m3fn")
+        cast = get_recipe("tensorwise").activation
+        assert not torch_casts.applies(cast, torch.zeros(2, 2))
+        x = normal((64, 128))
+        got = fake_quant(torch.from_numpy(x), cast).numpy()
+        np.testing.assert_array_equal(got, engine(x, cast.scheme())[0])
+    finally:
+        torch_casts.agrees.cache_clear()
 
 
 @pytest.mark.parametrize("name, role", [("tensorwise", "grad_output"), ("nvfp4", "wgrad_grad"),
@@ -186,6 +237,21 @@ def test_counts_flushed_saturated_and_ranges():
     d = count.to_dict()
     assert d["flushed_pct"] == pytest.approx(100 * 2 / 14)
     assert d["saturated"] == 4
+
+
+@pytest.mark.parametrize("name, role", [("nvfp4", "grad_output"), ("nvfp4", "wgrad_grad")])
+def test_stochastic_rounding_counts_what_rounded_past_max_as_the_engine(name, role):
+    """Under stochastic rounding a product just above max (NVFP4's E4M3-rounded block scale
+    puts up to ~6% of max past it) rounds past max only for some draws: saturated counts
+    those (the engine's ``apply_range`` count), not every product beyond max."""
+    cast = getattr(get_recipe(name), role)
+    x = normal((64, 256), seed=3)
+    m = hadamard.forward(x, cast.hadamard) if cast.hadamard else x
+    _, acc = engine(m, cast.scheme(), seed=5)
+    count = CastCount()
+    fake_quant(torch.from_numpy(x), cast, rng=5, count=count)
+    assert count.saturated == acc.saturated
+    assert 0 < count.saturated < x.size // 100
 
 
 def test_count_to_dict_is_json_safe():
