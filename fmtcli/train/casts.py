@@ -20,8 +20,9 @@ host and back (correct, not fast).
 to zero, values saturated (those whose rounding lay past the format's max, the engine's
 count: ``|x * s|`` at or past ``rounding.beyond_threshold`` under nearest-even, 448.01 ->
 448 is not one; under stochastic rounding the draws that went past), and the ranges of
-amax and scale.  FP8 nearest-even casts of whole tiles go by torch's own float8
-conversion, to the bit the same (``train.torch_casts``, as plain 16-bit casts).
+amax and scale.  Nearest-even FP8/FP4 casts of whole tiles go by the engine's compiled
+kernel and plain 16-bit casts by torch's conversion, to the bit the same
+(``train.fast_casts``).
 Scales are fmt's direction (multiply to enter the format's range).
 """
 
@@ -48,8 +49,8 @@ from fmtcli.numerics.rounding import (
 )
 from fmtcli.numerics.schemes import ScaleFormat, Scheme
 from fmtcli.numerics.tiles import from_codes, is_narrow, tile_amax, tile_view, untile
+from fmtcli.train import fast_casts as fast
 from fmtcli.train import hadamard as rht
-from fmtcli.train import torch_casts as fast
 
 if TYPE_CHECKING:  # torch is an optional extra: imported where a tensor is cast
     import torch

@@ -17,10 +17,11 @@ from fmtcli.base.choices import Granularity, OverflowPolicy, RoundingMode, Scale
 from fmtcli.base.errors import UsageError  # noqa: E402
 from fmtcli.engine.run import quantize_tensor  # noqa: E402
 from fmtcli.inputs.source import TensorSource  # noqa: E402
+from fmtcli.numerics import native  # noqa: E402
 from fmtcli.numerics.formats import get_format  # noqa: E402
 from fmtcli.numerics.granularity import ScaleGroup  # noqa: E402
 from fmtcli.numerics.schemes import ScaleFormat, Scheme  # noqa: E402
-from fmtcli.train import hadamard, torch_casts  # noqa: E402
+from fmtcli.train import fast_casts, hadamard  # noqa: E402
 from fmtcli.train.casts import Cast, CastCount, fake_quant, quantize_matrix  # noqa: E402
 from fmtcli.train.recipes import RECIPE_NAMES, get_recipe  # noqa: E402
 from fmtcli.train.scaling_state import AmaxHistory  # noqa: E402
@@ -98,22 +99,26 @@ def test_fake_quant_is_the_engines_cast_to_the_bit(cast, data):
     assert count.elements == x.size and count.steps == 1
 
 
-def fp8_casts():
-    """The recipes' casts that torch's float8 conversion does (``train.torch_casts``)."""
-    return [p for p in recipe_casts() if p.values[0].format in torch_casts.FP8
+def kernel_casts():
+    """The recipes' casts that the compiled kernel does (``train.fast_casts``)."""
+    return [p for p in recipe_casts() if p.values[0].format in fast_casts.FORMATS
             and p.values[0].rounding is RoundingMode.NEAREST_EVEN and not p.values[0].hadamard]
 
 
+needs_kernel = pytest.mark.skipif(not native.built(), reason="the compiled kernel is not built")
+
+
+@needs_kernel
 @pytest.mark.parametrize("data", list(DATA))
-@pytest.mark.parametrize("cast", fp8_casts())
-def test_torchs_fp8_path_is_the_numpy_path_and_the_engines(cast, data):
-    """Whole tiles (the shape divides every tile): fake_quant takes torch's conversion, and
+@pytest.mark.parametrize("cast", kernel_casts())
+def test_the_kernel_path_is_the_numpy_path_and_the_engines(cast, data):
+    """Whole tiles (the shape divides every tile): fake_quant takes the compiled kernel, and
     it is numpy's cast (quantize_matrix) and the engine's, values and counts, to the bit."""
     x = DATA[data]((128, 256))
     scale = 37.5 if cast.scale_rule is ScaleRule.FIXED else None
     t = torch.from_numpy(x.copy())
-    assert torch_casts.applies(cast, t)
-    assert torch_casts.fast_cast(t.clone(), cast, scale, True) is not None
+    assert fast_casts.applies(cast, t)
+    assert fast_casts.fast_cast(x.copy(), cast, scale) is not None
     count = CastCount()
     got = fake_quant(t, cast, scale=scale, count=count).numpy()
     numpy_cast = quantize_matrix(x, cast, scale=scale)
@@ -128,26 +133,42 @@ def test_torchs_fp8_path_is_the_numpy_path_and_the_engines(cast, data):
     np.testing.assert_array_equal(t.numpy(), x)  # the input is untouched
 
 
-def test_torchs_fp8_conversion_is_checked_before_use(monkeypatch):
-    """``agrees``: the installed torch's float8 conversion is fmt's rounding on every kind
-    of pattern; a conversion that is not (round toward zero here) is refused, and
-    fake_quant then casts by numpy, still the engine's values."""
-    assert torch_casts.agrees("float8_e4m3fn") and torch_casts.agrees("float8_e5m2")
+@needs_kernel
+@pytest.mark.parametrize("fmt", fast_casts.FORMATS)
+def test_the_kernel_path_on_every_kind_of_value_and_scale(fmt):
+    """x + (x_q - x) is x_q: random float32 bit patterns over 60 binades (zeros, float32
+    subnormals, values that flush, round to the smallest subnormal, saturate far past max),
+    fixed scales of every size and per-row amax scales; the same bits as numpy's cast."""
+    rng = np.random.default_rng(12)
+    bits = rng.integers(0, 1 << 23, (64, 512), dtype=np.uint64).astype(np.uint32)
+    bits |= rng.integers(95, 155, bits.shape).astype(np.uint32) << np.uint32(23)
+    bits |= rng.integers(0, 2, bits.shape).astype(np.uint32) << np.uint32(31)
+    x = bits.view(np.float32)
+    x[:, ::37] = 0
+    x[::5, 3::41] = -0.0
+    x[1, :9] = np.float32(1e-40)  # float32 subnormals
+    casts = [(Cast(fmt, ScaleGroup(Granularity.TENSOR), scale_rule=ScaleRule.FIXED), s)
+             for s in (1.0, 2.0 ** -20, 3.7e-9, 0.3, 1e5, 6.1e11)]
+    casts.append((Cast(fmt, ScaleGroup(Granularity.ROW)), None))
+    casts.append((Cast(fmt, ScaleGroup(Granularity.BLOCK, 32), scale_rule=ScaleRule.MX_FLOOR,
+                       scale_format=ScaleFormat.E8M0), None))
+    for cast, scale in casts:
+        done = fast_casts.fast_cast(x, cast, scale)
+        assert done is not None
+        want = quantize_matrix(x, cast, scale=scale)
+        np.testing.assert_array_equal(done[0].view(np.uint32), want.values.view(np.uint32))
+        assert done[1] == want.saturated
 
-    def truncating(p, name, fmax):
-        return p.clamp_(-fmax, fmax).to(getattr(torch, name)).to(torch.float32).trunc()
 
-    monkeypatch.setattr(torch_casts, "_convert", truncating)
-    torch_casts.agrees.cache_clear()
-    try:
-        assert not torch_casts.agrees("float8_e4m3fn")
-        cast = get_recipe("tensorwise").activation
-        assert not torch_casts.applies(cast, torch.zeros(2, 2))
-        x = normal((64, 128))
-        got = fake_quant(torch.from_numpy(x), cast).numpy()
-        np.testing.assert_array_equal(got, engine(x, cast.scheme())[0])
-    finally:
-        torch_casts.agrees.cache_clear()
+def test_without_the_kernel_the_numpy_path_casts(monkeypatch):
+    """FMTCLI_KERNEL=numpy (or no compiled kernel): fast_casts does not apply, and
+    fake_quant still gives the engine's values."""
+    monkeypatch.setenv("FMTCLI_KERNEL", "numpy")
+    cast = get_recipe("mxfp8").activation
+    assert not fast_casts.applies(cast, torch.zeros(2, 2))
+    x = normal((64, 128))
+    got = fake_quant(torch.from_numpy(x), cast).numpy()
+    np.testing.assert_array_equal(got, engine(x, cast.scheme())[0])
 
 
 @pytest.mark.parametrize("name, role", [("tensorwise", "grad_output"), ("nvfp4", "wgrad_grad"),
