@@ -23,14 +23,6 @@ from fmtcli.train.model import build_model  # noqa: E402
 TINY = dict(steps=4, layers=1, width=16, heads=2, seq=8, batch=2, log_every=2, warmup=2)
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    raw = open(__file__, "rb").read()
-    path.write_bytes((raw * (1 + 20000 // len(raw)))[:20000])
-    return str(path)
-
-
 def read_safetensors(path: str) -> dict:
     """A plain reader (the format: 8-byte length, JSON header, raw little-endian bytes)."""
     with open(path, "rb") as handle:

@@ -21,15 +21,6 @@ from fmtcli.train.session import learning_rate  # noqa: E402
 TINY = dict(steps=6, layers=1, width=16, heads=2, seq=8, batch=2, log_every=2, warmup=2)
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory) -> str:
-    """A small deterministic text (the first 64 KiB of this file, repeated)."""
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    raw = open(__file__, "rb").read()
-    path.write_bytes((raw * (1 + (1 << 16) // len(raw)))[:1 << 16])
-    return str(path)
-
-
 def settings(text: str, **kwargs) -> TrainSettings:
     return TrainSettings(**{**TINY, "data": text, **kwargs})
 

@@ -28,17 +28,6 @@ from fmtcli.train.session import Session  # noqa: E402
 TINY = dict(steps=30, layers=1, width=32, heads=2, seq=16, batch=4, log_every=5, warmup=5)
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory) -> str:
-    """A small deterministic text (this file and fmt's loop, repeated to 64 KiB)."""
-    from fmtcli.train import loop
-
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    raw = open(__file__, "rb").read() + open(loop.__file__, "rb").read()
-    path.write_bytes((raw * (1 + (1 << 16) // len(raw)))[:1 << 16])
-    return str(path)
-
-
 def torchao_cast(x, dtype):
     """torchao's per-tensor cast and dequantization, as its emulated GEMM sees the input
     (torchao's internals of 0.18: a release that moves them skips, not fails)."""
