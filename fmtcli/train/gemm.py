@@ -50,6 +50,17 @@ class GemmContext:
         self.loss_scale = 1.0
         self.counting = True
         self.captured: dict | None = None
+        #: the recipe's limited-precision accumulator (None: FP32 accumulation)
+        self.accumulation = getattr(recipe, "accumulation", None)
+
+    def product(self, a, a_q, a_cast, b, b_q, b_cast) -> torch.Tensor:
+        """``a_q @ b_q^T``: the GEMM of two cast operands, ``a`` (M, K) and ``b`` (N, K),
+        both cast along K by ``a_cast`` / ``b_cast`` (``a``, ``b`` their values before the
+        cast; a cast reused from the forward pass is a square tile or a tensor scale, the
+        same along either axis).  FP32 accumulation, or the recipe's ``accumulation``."""
+        if self.accumulation is None:
+            return a_q @ b_q.t()
+        return self.accumulation.product(a, a_q, a_cast, b, b_q, b_cast)
 
     def cast(self, x: torch.Tensor, cast, layer: str, role: str,
              counted: bool = True) -> torch.Tensor:
@@ -110,7 +121,7 @@ class QuantLinearFunction(torch.autograd.Function):
         context.keep(f"{layer}.weight", weight)
         x_q = context.cast(x2, recipe.activation, layer, "activation")
         w_q = context.cast(weight, recipe.weight, layer, "weight")
-        y = x_q @ w_q.t()
+        y = context.product(x2, x_q, recipe.activation, weight, w_q, recipe.weight)
         if bias is not None:
             y = y + bias
         ctx.save_for_backward(x2, x_q, weight, w_q)
@@ -126,11 +137,16 @@ class QuantLinearFunction(torch.autograd.Function):
         context.keep(f"{layer}.grad_output", dy2, unscale=True)
         context.stats.underflow(layer, dy2, context.loss_scale, recipe.grad_output.format)
         dy_q = context.cast(dy2, recipe.grad_output, layer, "grad_output")
-        dx = dy_q @ _transposed_cast(context, weight, w_q, recipe, "dgrad_weight", layer)
+        # dX = dY W reduces over the output features: W^T (input features, outputs)
+        wt = _transposed_cast(context, weight, w_q, recipe, "dgrad_weight", layer)
+        dx = context.product(dy2, dy_q, recipe.grad_output, weight.t(), wt.t(),
+                             _cast_of(recipe, "dgrad_weight", recipe.weight))
         # dW = dY^T X reduces over the tokens: a wgrad cast sees them as its last axis
         g = _transposed_cast(context, dy2, dy_q, recipe, "wgrad_grad", layer)
         a = _transposed_cast(context, x2, x_q, recipe, "wgrad_activation", layer)
-        dw = g.t() @ a
+        dw = context.product(dy2.t(), g.t(), _cast_of(recipe, "wgrad_grad", recipe.grad_output),
+                             x2.t(), a.t(),
+                             _cast_of(recipe, "wgrad_activation", recipe.activation))
         db = dy2.sum(0) if ctx.has_bias else None
         return dx.reshape(ctx.shape), dw, db, None, None
 
@@ -143,6 +159,12 @@ def _transposed_cast(context: GemmContext, value, reused, recipe, name: str, lay
     if cast is None:
         return reused
     return context.cast(value.t().contiguous(), cast, layer, name, counted=False).t()
+
+
+def _cast_of(recipe, name: str, reused):
+    """The cast the recipe gives a backward GEMM input, or the forward's it reuses."""
+    cast = getattr(recipe, name, None)
+    return reused if cast is None else cast
 
 
 def quantized_linear(x, weight, bias, context: GemmContext, layer: str):
